@@ -1,0 +1,283 @@
+//! CustomResourceDefinitions generated from the Rust types.
+//!
+//! The output is schema-equivalent to the upstream CRDs of mcs-api v0.5.0 and about-api
+//! (`SPEC.md`, section 1): same names, short names, scope, versions, subresources, printer
+//! columns, required fields, enums, list types and keys and maximum sizes. The only
+//! addition is `ServiceImport.status.endpointSliceObjects` from KEP-1645 (2026), which
+//! upstream has not released yet ([`UNRELEASED_ADDITIONS`]).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceColumnDefinition, CustomResourceDefinition, CustomResourceDefinitionNames,
+    CustomResourceDefinitionSpec, CustomResourceDefinitionVersion, CustomResourceSubresources,
+    CustomResourceValidation, JSONSchemaProps,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use schemars::JsonSchema;
+use schemars::generate::SchemaSettings;
+use serde_json::{Value, json};
+
+use super::types::{
+    ClusterPropertySpec, ClusterPropertyStatus, ServiceExportSpec, ServiceExportStatus,
+    ServiceImportSpec, ServiceImportStatus,
+};
+use super::{ABOUT_GROUP, MCS_API_RELEASE, MCS_GROUP, RELEASE_VERSION_LABEL, SCHEMA_REVISION_LABEL};
+
+/// Schema paths that this crate serves but upstream mcs-api v0.5.0 does not have yet, with
+/// where they come from.
+pub const UNRELEASED_ADDITIONS: &[(&str, &str)] = &[(
+    "serviceimports.multicluster.x-k8s.io: status.endpointSliceObjects",
+    "KEP-1645 (kubernetes/enhancements#6037, 2026-05-26)",
+)];
+
+/// The served versions, oldest first, and which one is stored.
+const VERSIONS: &[(&str, bool)] = &[("v1alpha1", false), ("v1beta1", true)];
+
+/// The `ServiceExport` CRD.
+pub fn service_export() -> CustomResourceDefinition {
+    let schema = root_schema(
+        "ServiceExport declares that the Service with the same name and namespace as this export should be consumable from other clusters.",
+        schema_of::<ServiceExportSpec>(),
+        false,
+        schema_of::<ServiceExportStatus>(),
+    );
+    crd(CrdParts {
+        group: MCS_GROUP,
+        kind: "ServiceExport",
+        plural: "serviceexports",
+        singular: "serviceexport",
+        short_names: &["svcex", "svcexport"],
+        categories: &[],
+        namespaced: true,
+        columns: vec![column("Age", "date", ".metadata.creationTimestamp", None)],
+        schema,
+        mcs_labels: true,
+    })
+}
+
+/// The `ServiceImport` CRD.
+pub fn service_import() -> CustomResourceDefinition {
+    let schema = root_schema(
+        "ServiceImport describes a service imported from clusters in a ClusterSet.",
+        schema_of::<ServiceImportSpec>(),
+        false,
+        schema_of::<ServiceImportStatus>(),
+    );
+    crd(CrdParts {
+        group: MCS_GROUP,
+        kind: "ServiceImport",
+        plural: "serviceimports",
+        singular: "serviceimport",
+        short_names: &["svcim", "svcimport"],
+        categories: &[],
+        namespaced: true,
+        columns: vec![
+            column("Type", "string", ".spec.type", Some("The type of this ServiceImport")),
+            column("IP", "string", ".spec.ips", Some("The VIP for this ServiceImport")),
+            column("Age", "date", ".metadata.creationTimestamp", None),
+        ],
+        schema,
+        mcs_labels: true,
+    })
+}
+
+/// The `ClusterProperty` CRD (`about.k8s.io`, cluster-scoped).
+pub fn cluster_property() -> CustomResourceDefinition {
+    let schema = root_schema(
+        "ClusterProperty is a resource provides a way to store identification related, cluster scoped information for multi-cluster tools while creating flexibility for implementations.",
+        schema_of::<ClusterPropertySpec>(),
+        false,
+        schema_of::<ClusterPropertyStatus>(),
+    );
+    crd(CrdParts {
+        group: ABOUT_GROUP,
+        kind: "ClusterProperty",
+        plural: "clusterproperties",
+        singular: "clusterproperty",
+        short_names: &[],
+        categories: &["multicluster"],
+        namespaced: false,
+        columns: vec![
+            column("value", "string", ".spec.value", None),
+            column("age", "date", ".metadata.creationTimestamp", None),
+        ],
+        schema,
+        mcs_labels: false,
+    })
+}
+
+/// All three CRDs: ServiceExport, ServiceImport, ClusterProperty.
+pub fn all() -> Vec<CustomResourceDefinition> {
+    vec![service_export(), service_import(), cluster_property()]
+}
+
+/// Renders CRDs as one multi-document YAML stream.
+pub fn to_yaml(crds: &[CustomResourceDefinition]) -> Result<String, serde_yaml::Error> {
+    let mut out = String::new();
+    for crd in crds {
+        out.push_str("---\n");
+        out.push_str(&serde_yaml::to_string(crd)?);
+    }
+    Ok(out)
+}
+
+struct CrdParts {
+    group: &'static str,
+    kind: &'static str,
+    plural: &'static str,
+    singular: &'static str,
+    short_names: &'static [&'static str],
+    categories: &'static [&'static str],
+    namespaced: bool,
+    columns: Vec<CustomResourceColumnDefinition>,
+    schema: JSONSchemaProps,
+    mcs_labels: bool,
+}
+
+fn crd(parts: CrdParts) -> CustomResourceDefinition {
+    let strings = |v: &[&str]| (!v.is_empty()).then(|| v.iter().map(|s| (*s).to_owned()).collect());
+    let labels = parts.mcs_labels.then(|| {
+        BTreeMap::from([
+            (RELEASE_VERSION_LABEL.to_owned(), MCS_API_RELEASE.to_owned()),
+            (SCHEMA_REVISION_LABEL.to_owned(), "0".to_owned()),
+        ])
+    });
+    let versions = VERSIONS
+        .iter()
+        .map(|(name, storage)| CustomResourceDefinitionVersion {
+            name: (*name).to_owned(),
+            served: true,
+            storage: *storage,
+            additional_printer_columns: Some(parts.columns.clone()),
+            schema: Some(CustomResourceValidation {
+                open_api_v3_schema: Some(parts.schema.clone()),
+            }),
+            subresources: Some(CustomResourceSubresources {
+                status: Some(k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceSubresourceStatus(
+                    json!({}),
+                )),
+                scale: None,
+            }),
+            ..Default::default()
+        })
+        .collect();
+    CustomResourceDefinition {
+        metadata: ObjectMeta {
+            name: Some(format!("{}.{}", parts.plural, parts.group)),
+            labels,
+            ..Default::default()
+        },
+        spec: CustomResourceDefinitionSpec {
+            group: parts.group.to_owned(),
+            names: CustomResourceDefinitionNames {
+                kind: parts.kind.to_owned(),
+                list_kind: Some(format!("{}List", parts.kind)),
+                plural: parts.plural.to_owned(),
+                singular: Some(parts.singular.to_owned()),
+                short_names: strings(parts.short_names),
+                categories: strings(parts.categories),
+            },
+            scope: if parts.namespaced { "Namespaced" } else { "Cluster" }.to_owned(),
+            versions,
+            conversion: None,
+            preserve_unknown_fields: None,
+        },
+        status: None,
+    }
+}
+
+fn column(
+    name: &str,
+    type_: &str,
+    json_path: &str,
+    description: Option<&str>,
+) -> CustomResourceColumnDefinition {
+    CustomResourceColumnDefinition {
+        name: name.to_owned(),
+        type_: type_.to_owned(),
+        json_path: json_path.to_owned(),
+        description: description.map(str::to_owned),
+        format: None,
+        priority: None,
+    }
+}
+
+fn root_schema(description: &str, spec: Value, spec_required: bool, status: Value) -> JSONSchemaProps {
+    let mut root = json!({
+        "description": description,
+        "type": "object",
+        "properties": {
+            "apiVersion": { "type": "string" },
+            "kind": { "type": "string" },
+            "metadata": { "type": "object" },
+            "spec": spec,
+            "status": status,
+        }
+    });
+    if spec_required {
+        root["required"] = json!(["spec"]);
+    }
+    // Invariant: the schema is built from our own types and the shape above, which are
+    // valid JSONSchemaProps; the unit tests below decode every CRD.
+    serde_json::from_value(root).expect("generated schema is a valid JSONSchemaProps")
+}
+
+/// The structural OpenAPI v3 schema of `T`: inlined, no `$schema`, no nullability markers.
+fn schema_of<T: JsonSchema>() -> Value {
+    let generator = SchemaSettings::openapi3()
+        .with(|s| {
+            s.inline_subschemas = true;
+            s.meta_schema = None;
+        })
+        .into_generator();
+    let mut value = generator.into_root_schema_for::<T>().to_value();
+    structural(&mut value);
+    value
+}
+
+/// Drops what a structural Kubernetes schema must not carry: `nullable` (upstream CRDs do
+/// not mark optional fields nullable), `title`, `$schema`, `null` in `type` or `enum`.
+fn structural(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            map.remove("nullable");
+            map.remove("title");
+            map.remove("$schema");
+            if let Some(Value::Array(types)) = map.get("type") {
+                let non_null: Vec<Value> = types.iter().filter(|t| *t != "null").cloned().collect();
+                if non_null.len() == 1 {
+                    map.insert("type".to_owned(), non_null[0].clone());
+                }
+            }
+            if let Some(Value::Array(values)) = map.get_mut("enum") {
+                values.retain(|v| !v.is_null());
+            }
+            if map.get("default").is_some_and(Value::is_null) {
+                map.remove("default");
+            }
+            for v in map.values_mut() {
+                structural(v);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(structural),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_crd_serialises_and_has_two_versions() {
+        for crd in all() {
+            let yaml = to_yaml(std::slice::from_ref(&crd)).unwrap();
+            assert!(yaml.contains("openAPIV3Schema"));
+            assert_eq!(crd.spec.versions.len(), 2);
+            assert_eq!(crd.spec.versions.iter().filter(|v| v.storage).count(), 1);
+            assert_eq!(crd.spec.versions[1].name, "v1beta1");
+            assert!(crd.spec.versions[1].storage);
+        }
+    }
+}

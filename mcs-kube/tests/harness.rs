@@ -1,0 +1,234 @@
+//! Tests of the real-Kubernetes harness itself (`tests/support`): parallel start,
+//! isolation between clusters, API server restart, and kube-controller-manager
+//! producing EndpointSlices. Needs the binaries from `scripts/k8s-bins.sh`.
+
+mod support;
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
+use support::{ClusterOptions, start_cluster, start_clusters, wait_for};
+
+fn config_map(name: &str, data: &[(&str, &str)]) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        data: Some(
+            data.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        ),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_clusters_start_in_parallel_and_are_independent() {
+    let t0 = Instant::now();
+    let clusters = start_clusters(&["east", "west", "north"]).await;
+    let elapsed = t0.elapsed();
+    for c in &clusters {
+        println!(
+            "cluster {} at {}: ready in {:.1?}",
+            c.name(),
+            c.server_url(),
+            c.startup_time()
+        );
+    }
+    println!("3-cluster parallel startup: {elapsed:.1?}");
+    assert_eq!(clusters.len(), 3);
+
+    // Distinct API servers, each with its own CA.
+    let urls: HashSet<_> = clusters.iter().map(|c| c.server_url()).collect();
+    assert_eq!(urls.len(), 3);
+    let cas: Vec<_> = clusters
+        .iter()
+        .map(|c| {
+            c.kubeconfig().clusters[0]
+                .cluster
+                .as_ref()
+                .unwrap()
+                .certificate_authority_data
+                .clone()
+                .unwrap()
+        })
+        .collect();
+    assert_ne!(cas[0], cas[1]);
+    assert_ne!(cas[1], cas[2]);
+
+    let east = clusters[0].client().await;
+    let west = clusters[1].client().await;
+    let north = clusters[2].client().await;
+
+    // A ConfigMap round-trips through the real API server.
+    let cms: Api<ConfigMap> = Api::namespaced(east.clone(), "default");
+    cms.create(
+        &PostParams::default(),
+        &config_map("only-in-east", &[("k", "v"), ("multi", "line\nvalue")]),
+    )
+    .await
+    .unwrap();
+    let got = cms.get("only-in-east").await.unwrap();
+    let data = got.data.unwrap();
+    assert_eq!(data["k"], "v");
+    assert_eq!(data["multi"], "line\nvalue");
+    assert!(got.metadata.uid.is_some());
+    assert!(got.metadata.resource_version.is_some());
+
+    // ... and exists in that cluster only.
+    for other in [&west, &north] {
+        let api: Api<ConfigMap> = Api::namespaced(other.clone(), "default");
+        assert!(api.get_opt("only-in-east").await.unwrap().is_none());
+    }
+    // The same name can be created independently elsewhere.
+    Api::<ConfigMap>::namespaced(west.clone(), "default")
+        .create(&PostParams::default(), &config_map("only-in-east", &[("k", "west")]))
+        .await
+        .unwrap();
+    assert_eq!(cms.get("only-in-east").await.unwrap().data.unwrap()["k"], "v");
+
+    // The CRDs from deploy/crds are installed in every cluster.
+    let expected = support::load_crds().len();
+    for c in &clusters {
+        let crds: Api<
+            k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+        > = Api::all(c.client().await);
+        let n = crds.list(&ListParams::default()).await.unwrap().items.len();
+        assert_eq!(n, expected, "CRDs in cluster {}", c.name());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_server_restart_keeps_data() {
+    let opts = ClusterOptions {
+        controller_manager: false,
+        install_crds: false,
+    };
+    let mut cluster = start_cluster("restart", opts).await;
+    let client = cluster.client().await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    cms.create(&PostParams::default(), &config_map("survivor", &[("k", "v")]))
+        .await
+        .unwrap();
+
+    cluster.stop();
+    assert!(!cluster.is_running());
+    let err = tokio::time::timeout(Duration::from_secs(10), cms.get("survivor")).await;
+    assert!(
+        matches!(err, Ok(Err(_)) | Err(_)),
+        "API server still answers after stop()"
+    );
+
+    let url = cluster.server_url().to_string();
+    cluster.start().await;
+    assert_eq!(cluster.server_url(), url, "restart must reuse the port");
+    // The old client (same URL and credentials) works again, and the data is there.
+    let got = cms.get("survivor").await.unwrap();
+    assert_eq!(got.data.unwrap()["k"], "v");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controller_manager_publishes_endpointslices_and_finalizes_namespaces() {
+    let opts = ClusterOptions {
+        controller_manager: true,
+        install_crds: false,
+    };
+    let mut cluster = start_cluster("kcm", opts).await;
+    let client = cluster.client().await;
+    let ns = "app";
+    support::create_namespace(&client, ns).await;
+
+    support::create_ready_pod(
+        &client,
+        ns,
+        "web-0",
+        &[("app", "web")],
+        "192.0.2.10",
+        &[("http", 8080)],
+    )
+    .await;
+    let svc: Service = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "web", "namespace": ns },
+        "spec": {
+            "selector": { "app": "web" },
+            "ports": [{ "name": "http", "port": 80, "targetPort": "http" }],
+        },
+    }))
+    .unwrap();
+    let svc = Api::<Service>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &svc)
+        .await
+        .unwrap();
+    let cluster_ip = svc.spec.unwrap().cluster_ip.unwrap();
+    assert!(cluster_ip.starts_with("10.0.0."), "ClusterIP {cluster_ip}");
+
+    let t0 = Instant::now();
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), ns);
+    let lp = ListParams::default().labels("kubernetes.io/service-name=web");
+    let slice = wait_for("EndpointSlice of web with 192.0.2.10", Duration::from_secs(60), || {
+        let slices = slices.clone();
+        let lp = lp.clone();
+        async move {
+            slices.list(&lp).await.ok()?.items.into_iter().find(|s| {
+                s.endpoints
+                    .iter()
+                    .any(|e| e.addresses.iter().any(|a| a == "192.0.2.10"))
+            })
+        }
+    })
+    .await;
+    println!("EndpointSlice published {:.1?} after the Service", t0.elapsed());
+    cluster.assert_controller_manager_running();
+    assert_eq!(slice.address_type, "IPv4");
+    let ep = &slice.endpoints[0];
+    assert_eq!(ep.conditions.as_ref().unwrap().ready, Some(true));
+    assert_eq!(ep.node_name.as_deref(), Some(support::FAKE_NODE));
+    assert_eq!(ep.zone.as_deref(), Some(support::FAKE_NODE_ZONE));
+    assert_eq!(ep.target_ref.as_ref().unwrap().name.as_deref(), Some("web-0"));
+    let port = &slice.ports.as_ref().unwrap()[0];
+    assert_eq!(port.name.as_deref(), Some("http"));
+    assert_eq!(port.port, Some(8080));
+
+    // Not ready -> the endpoint stays, marked not ready.
+    support::set_pod_status(&client, ns, "web-0", None, false).await;
+    wait_for("endpoint marked not ready", Duration::from_secs(60), || {
+        let slices = slices.clone();
+        let lp = lp.clone();
+        async move {
+            let items = slices.list(&lp).await.ok()?.items;
+            items
+                .iter()
+                .flat_map(|s| &s.endpoints)
+                .any(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(false))
+                .then_some(())
+        }
+    })
+    .await;
+
+    // The namespace controller finalizes a deleted namespace (and its contents).
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces.delete(ns, &DeleteParams::default()).await.unwrap();
+    wait_for("namespace app deleted", Duration::from_secs(90), || {
+        let namespaces = namespaces.clone();
+        async move { namespaces.get_opt(ns).await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+
+    // Loopback addresses are rejected by EndpointSlice validation (documented limit).
+    let loopback: EndpointSlice = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "loopback", "namespace": "default" },
+        "addressType": "IPv4",
+        "endpoints": [{ "addresses": ["127.0.0.2"] }],
+    }))
+    .unwrap();
+    let err = Api::<EndpointSlice>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &loopback)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("loopback"), "{err}");
+}
