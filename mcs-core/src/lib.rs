@@ -29,6 +29,9 @@
 pub mod api;
 pub mod cluster;
 pub mod conditions;
+pub mod discovery;
+pub mod endpoints;
+pub mod merge;
 pub mod name;
 
 pub use cluster::ClusterId;

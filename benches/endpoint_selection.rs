@@ -1,0 +1,3 @@
+//! Placeholder: replaced by the endpoint_selection benchmark.
+
+fn main() {}

@@ -1,0 +1,1 @@
+//! The merge and conflict engine (being built).
