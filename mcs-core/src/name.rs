@@ -154,12 +154,13 @@ impl Zone {
 
     /// Whether `host` (any case, trailing dot optional) is the zone or under it.
     pub fn contains(&self, host: &str) -> bool {
-        let host = host.strip_suffix('.').unwrap_or(host);
-        if host.len() < self.name.len() {
+        // Byte-wise, so a multi-byte character never splits a slice.
+        let host = host.strip_suffix('.').unwrap_or(host).as_bytes();
+        let zone = self.name.as_bytes();
+        let Some(split) = host.len().checked_sub(zone.len()) else {
             return false;
-        }
-        let (head, tail) = host.split_at(host.len() - self.name.len());
-        tail.eq_ignore_ascii_case(&self.name) && (head.is_empty() || head.ends_with('.'))
+        };
+        host[split..].eq_ignore_ascii_case(zone) && (split == 0 || host[split - 1] == b'.')
     }
 }
 

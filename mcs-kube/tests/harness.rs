@@ -7,9 +7,9 @@ mod support;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 use support::{ClusterOptions, start_cluster, start_clusters, wait_for};
 
 fn config_map(name: &str, data: &[(&str, &str)]) -> ConfigMap {
@@ -210,14 +210,23 @@ async fn controller_manager_publishes_endpointslices_and_finalizes_namespaces() 
     })
     .await;
 
-    // The namespace controller finalizes a deleted namespace (and its contents).
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces.delete(ns, &DeleteParams::default()).await.unwrap();
-    wait_for("namespace app deleted", Duration::from_secs(90), || {
-        let namespaces = namespaces.clone();
-        async move { namespaces.get_opt(ns).await.ok()?.is_none().then_some(()) }
+    // Deleting the Pod (as the kubelet would) removes its endpoint.
+    support::delete_pod_now(&client, ns, "web-0").await;
+    wait_for("endpoint of web-0 removed", Duration::from_secs(60), || {
+        let slices = slices.clone();
+        let lp = lp.clone();
+        async move {
+            let items = slices.list(&lp).await.ok()?.items;
+            items.iter().all(|s| s.endpoints.is_empty()).then_some(())
+        }
     })
     .await;
+
+    // The namespace controller finalizes a deleted namespace and everything in it.
+    let t0 = Instant::now();
+    support::delete_namespace(&client, ns, Duration::from_secs(90)).await;
+    println!("namespace finalized in {:.1?}", t0.elapsed());
+    assert!(Api::<Service>::namespaced(client.clone(), ns).get_opt("web").await.unwrap().is_none());
 
     // Loopback addresses are rejected by EndpointSlice validation (documented limit).
     let loopback: EndpointSlice = serde_json::from_value(serde_json::json!({

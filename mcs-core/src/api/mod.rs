@@ -35,7 +35,7 @@ mod types;
 mod versions;
 
 pub use types::{
-    ClusterPropertySpec, ClusterPropertyStatus, ServiceExportSpec, ServiceExportStatus,
+    ClusterPropertySpec, ClusterPropertyStatus, PropertyValueError, ServiceExportSpec, ServiceExportStatus,
     ServiceImportSpec, ServiceImportStatus,
 };
 pub use versions::{v1alpha1, v1beta1};

@@ -110,6 +110,37 @@ pub struct ClusterPropertySpec {
     pub value: String,
 }
 
+impl ClusterPropertySpec {
+    /// Checks the value's length: at least one and at most
+    /// [`CLUSTER_PROPERTY_VALUE_MAX_CHARS`](super::CLUSTER_PROPERTY_VALUE_MAX_CHARS) code
+    /// points. The CRD enforces only the minimum (upstream misspells the maximum marker).
+    pub fn validate(&self) -> Result<(), PropertyValueError> {
+        let chars = self.value.chars().count();
+        if chars == 0 {
+            return Err(PropertyValueError::Empty);
+        }
+        if chars > super::CLUSTER_PROPERTY_VALUE_MAX_CHARS {
+            return Err(PropertyValueError::TooLong { chars });
+        }
+        Ok(())
+    }
+}
+
+/// A ClusterProperty value out of bounds.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PropertyValueError {
+    /// The value is empty.
+    #[error("ClusterProperty value must not be empty")]
+    Empty,
+    /// The value is longer than 128,000 code points.
+    #[error("ClusterProperty value has {chars} code points; at most 128000 are allowed")]
+    TooLong {
+        /// Its length in code points.
+        chars: usize,
+    },
+}
+
 /// `ClusterProperty.status`: empty.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ClusterPropertyStatus {}

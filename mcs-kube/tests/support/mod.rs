@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, Config};
@@ -580,7 +580,38 @@ fn has_setpriv() -> bool {
     })
 }
 
+/// A fresh directory for one cluster, on `/dev/shm` when possible. Directories left
+/// behind by test processes that were killed (so never ran `Drop`) are removed first.
 fn scratch_dir(name: &str) -> TempDir {
+    static CLEANED: OnceLock<()> = OnceLock::new();
+    CLEANED.get_or_init(|| {
+        for root in [Path::new("/dev/shm").to_path_buf(), std::env::temp_dir()] {
+            remove_stale_dirs(&root);
+        }
+    });
+    let dir = create_scratch_dir(name);
+    fs::write(dir.path().join("owner.pid"), std::process::id().to_string())
+        .expect("write owner.pid");
+    dir
+}
+
+fn remove_stale_dirs(root: &Path) {
+    let Ok(entries) = fs::read_dir(root) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        let is_ours = e.file_name().to_string_lossy().starts_with("mcs-k8s-");
+        let Ok(pid) = fs::read_to_string(path.join("owner.pid")) else {
+            continue;
+        };
+        if is_ours && !Path::new("/proc").join(pid.trim()).exists() {
+            let _ = fs::remove_dir_all(&path);
+        }
+    }
+}
+
+fn create_scratch_dir(name: &str) -> TempDir {
     let prefix = format!("mcs-k8s-{name}-");
     let mut b = tempfile::Builder::new();
     b.prefix(&prefix);
@@ -929,4 +960,43 @@ pub async fn set_pod_status(
         )
         .await
         .unwrap_or_else(|e| panic!("patching status of pod {ns}/{name}: {e}"))
+}
+
+/// Delete a Pod immediately (grace period 0). A Pod bound to a Node is otherwise only
+/// marked Terminating and waits for a kubelet that does not exist here.
+pub async fn delete_pod_now(client: &Client, ns: &str, name: &str) {
+    match Api::<Pod>::namespaced(client.clone(), ns)
+        .delete(name, &DeleteParams::default().grace_period(0))
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(e) => panic!("deleting pod {ns}/{name}: {e}"),
+    }
+}
+
+/// Delete a namespace and wait (up to `timeout`) until kube-controller-manager's
+/// namespace controller has removed it. Its Pods are deleted with grace period 0
+/// first, standing in for the kubelet (see [`delete_pod_now`]). Needs
+/// [`ClusterOptions::controller_manager`].
+pub async fn delete_namespace(client: &Client, ns: &str, timeout: Duration) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let list = pods
+        .list(&ListParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("listing pods in {ns}: {e}"));
+    for p in list.items {
+        delete_pod_now(client, ns, p.metadata.name.as_deref().unwrap_or_default()).await;
+    }
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    match namespaces.delete(ns, &DeleteParams::default()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 => return,
+        Err(e) => panic!("deleting namespace {ns}: {e}"),
+    }
+    wait_for(&format!("namespace {ns} to be finalized"), timeout, || {
+        let namespaces = namespaces.clone();
+        async move { namespaces.get_opt(ns).await.ok()?.is_none().then_some(()) }
+    })
+    .await;
 }

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The whole test suite, on a fresh machine or a warm one.
+#
+#   scripts/test.sh            # everything: builds what the tests need, then cargo test
+#   scripts/test.sh -p mcs-core  # extra arguments go to `cargo test`
+#
+# It installs or builds what the integration tests need, only when missing:
+#   - kube-apiserver, etcd and kube-controller-manager, built from Go modules into
+#     ~/.cache/mcs-k8s (scripts/k8s-bins.sh; cold build ~20 min, warm: instant);
+#   - dig (Debian's bind9-dnsutils) for the DNS tests.
+# Tests that need these fail loudly when they are missing; nothing is skipped.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+MCS_K8S_BIN=$(scripts/k8s-bins.sh | tail -n 1)
+export MCS_K8S_BIN
+echo "test: Kubernetes binaries in $MCS_K8S_BIN"
+
+if ! command -v dig >/dev/null 2>&1; then
+	echo "test: installing dig (bind9-dnsutils)"
+	if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+	$SUDO apt-get update -qq >/dev/null
+	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq bind9-dnsutils >/dev/null
+fi
+
+cargo test --workspace --all-features "$@"
