@@ -7,7 +7,10 @@
 //!   both served versions, usable as kube resources, and the CRDs generated from them;
 //! - [`conditions`]: condition types and reasons with their exact Kubernetes spellings;
 //! - [`cluster`]: the validated [`ClusterId`];
-//! - [`name`]: the `clusterset.local` name grammar.
+//! - [`name`]: the `clusterset.local` name grammar;
+//! - [`merge`]: turning every cluster's export of a service into one ServiceImport;
+//! - [`discovery`] and [`endpoints`]: endpoint update streams and in-process selection;
+//! - [`slices`] and [`dns`]: reading MCS EndpointSlices and building `clusterset.local` DNS answers.
 //!
 //! Time and randomness are always passed in, so every algorithm is deterministic.
 //!
@@ -30,8 +33,10 @@ pub mod api;
 pub mod cluster;
 pub mod conditions;
 pub mod discovery;
+pub mod dns;
 pub mod endpoints;
 pub mod merge;
 pub mod name;
+pub mod slices;
 
 pub use cluster::ClusterId;
