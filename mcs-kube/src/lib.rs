@@ -1,5 +1,9 @@
 //! The Kubernetes adapter of mcs: CRDs, the per-cluster agent, the `clusterset.local` DNS
 //! server and the Kubernetes-backed resolver.
 //!
-//! This crate is being built. Today it ships the `mcs-crds` binary, which prints the CRDs
-//! generated from [`mcs_core::api`].
+//! - [`dns`]: the `clusterset.local` DNS server (`mcs-dns`), answering from the local
+//!   cluster's ServiceImports and MCS EndpointSlices;
+//! - the `mcs-crds` binary prints the CRDs generated from [`mcs_core::api`].
+
+pub mod admin;
+pub mod dns;

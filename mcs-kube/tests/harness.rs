@@ -87,10 +87,16 @@ async fn three_clusters_start_in_parallel_and_are_independent() {
     }
     // The same name can be created independently elsewhere.
     Api::<ConfigMap>::namespaced(west.clone(), "default")
-        .create(&PostParams::default(), &config_map("only-in-east", &[("k", "west")]))
+        .create(
+            &PostParams::default(),
+            &config_map("only-in-east", &[("k", "west")]),
+        )
         .await
         .unwrap();
-    assert_eq!(cms.get("only-in-east").await.unwrap().data.unwrap()["k"], "v");
+    assert_eq!(
+        cms.get("only-in-east").await.unwrap().data.unwrap()["k"],
+        "v"
+    );
 
     // The CRDs from deploy/crds are installed in every cluster.
     let expected = support::load_crds().len();
@@ -112,9 +118,12 @@ async fn api_server_restart_keeps_data() {
     let mut cluster = start_cluster("restart", opts).await;
     let client = cluster.client().await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
-    cms.create(&PostParams::default(), &config_map("survivor", &[("k", "v")]))
-        .await
-        .unwrap();
+    cms.create(
+        &PostParams::default(),
+        &config_map("survivor", &[("k", "v")]),
+    )
+    .await
+    .unwrap();
 
     cluster.stop();
     assert!(!cluster.is_running());
@@ -170,26 +179,36 @@ async fn controller_manager_publishes_endpointslices_and_finalizes_namespaces() 
     let t0 = Instant::now();
     let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), ns);
     let lp = ListParams::default().labels("kubernetes.io/service-name=web");
-    let slice = wait_for("EndpointSlice of web with 192.0.2.10", Duration::from_secs(60), || {
-        let slices = slices.clone();
-        let lp = lp.clone();
-        async move {
-            slices.list(&lp).await.ok()?.items.into_iter().find(|s| {
-                s.endpoints
-                    .iter()
-                    .any(|e| e.addresses.iter().any(|a| a == "192.0.2.10"))
-            })
-        }
-    })
+    let slice = wait_for(
+        "EndpointSlice of web with 192.0.2.10",
+        Duration::from_secs(60),
+        || {
+            let slices = slices.clone();
+            let lp = lp.clone();
+            async move {
+                slices.list(&lp).await.ok()?.items.into_iter().find(|s| {
+                    s.endpoints
+                        .iter()
+                        .any(|e| e.addresses.iter().any(|a| a == "192.0.2.10"))
+                })
+            }
+        },
+    )
     .await;
-    println!("EndpointSlice published {:.1?} after the Service", t0.elapsed());
+    println!(
+        "EndpointSlice published {:.1?} after the Service",
+        t0.elapsed()
+    );
     cluster.assert_controller_manager_running();
     assert_eq!(slice.address_type, "IPv4");
     let ep = &slice.endpoints[0];
     assert_eq!(ep.conditions.as_ref().unwrap().ready, Some(true));
     assert_eq!(ep.node_name.as_deref(), Some(support::FAKE_NODE));
     assert_eq!(ep.zone.as_deref(), Some(support::FAKE_NODE_ZONE));
-    assert_eq!(ep.target_ref.as_ref().unwrap().name.as_deref(), Some("web-0"));
+    assert_eq!(
+        ep.target_ref.as_ref().unwrap().name.as_deref(),
+        Some("web-0")
+    );
     let port = &slice.ports.as_ref().unwrap()[0];
     assert_eq!(port.name.as_deref(), Some("http"));
     assert_eq!(port.port, Some(8080));
@@ -226,7 +245,13 @@ async fn controller_manager_publishes_endpointslices_and_finalizes_namespaces() 
     let t0 = Instant::now();
     support::delete_namespace(&client, ns, Duration::from_secs(90)).await;
     println!("namespace finalized in {:.1?}", t0.elapsed());
-    assert!(Api::<Service>::namespaced(client.clone(), ns).get_opt("web").await.unwrap().is_none());
+    assert!(
+        Api::<Service>::namespaced(client.clone(), ns)
+            .get_opt("web")
+            .await
+            .unwrap()
+            .is_none()
+    );
 
     // Loopback addresses are rejected by EndpointSlice validation (documented limit).
     let loopback: EndpointSlice = serde_json::from_value(serde_json::json!({

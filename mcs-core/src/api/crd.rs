@@ -166,6 +166,7 @@ fn crd(parts: CrdParts) -> CustomResourceDefinition {
         metadata: ObjectMeta {
             name: Some(format!("{}.{}", parts.plural, parts.group)),
             labels,
+            annotations: protected_group_annotation(parts.group),
             ..Default::default()
         },
         spec: CustomResourceDefinitionSpec {
@@ -185,6 +186,18 @@ fn crd(parts: CrdParts) -> CustomResourceDefinition {
         },
         status: None,
     }
+}
+
+/// The API server refuses CRDs in `*.k8s.io` groups without an `api-approved.kubernetes.io`
+/// annotation. `about.k8s.io` is such a group; the value states that this copy is not the
+/// reviewed upstream object (the server then installs it and reports the policy condition).
+fn protected_group_annotation(group: &str) -> Option<BTreeMap<String, String>> {
+    (group.ends_with(".k8s.io") || group.ends_with(".kubernetes.io")).then(|| {
+        BTreeMap::from([(
+            "api-approved.kubernetes.io".to_owned(),
+            "unapproved, KEP-2149 ClusterProperty as published by kubernetes-sigs/about-api".to_owned(),
+        )])
+    })
 }
 
 fn column(

@@ -156,6 +156,7 @@ pub async fn start_clusters_with(names: &[&str], opts: ClusterOptions) -> Vec<Te
     // Wait for enough free slots (all at once, so two tests cannot deadlock each
     // holding half of what they need).
     let want = names.len().min(max_clusters()) as u32;
+    let t_wait = Instant::now();
     let mut permit = Some(
         cluster_slots()
             .clone()
@@ -163,7 +164,7 @@ pub async fn start_clusters_with(names: &[&str], opts: ClusterOptions) -> Vec<Te
             .await
             .expect("cluster semaphore closed"),
     );
-    let waited = t0.elapsed();
+    let waited = t_wait.elapsed();
     let futs = names.iter().enumerate().map(|(i, name)| {
         // The first cluster carries the permit for the whole group.
         let p = if i == 0 { permit.take() } else { None };
@@ -262,7 +263,10 @@ impl TestCluster {
 
     /// Whether the API server process is running.
     pub fn is_running(&mut self) -> bool {
-        matches!(self.apiserver.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+        matches!(
+            self.apiserver.as_mut().map(|c| c.try_wait()),
+            Some(Ok(None))
+        )
     }
 
     /// Kill the API server (SIGKILL, like a crash). etcd and the controller-manager keep
@@ -456,8 +460,9 @@ impl TestCluster {
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("dup log fd"))
             .stderr(log);
-        cmd.spawn()
-            .unwrap_or_else(|e| panic!("cluster {}: cannot start {}: {e}", self.name, exe.display()))
+        cmd.spawn().unwrap_or_else(|e| {
+            panic!("cluster {}: cannot start {}: {e}", self.name, exe.display())
+        })
     }
 
     async fn wait_etcd_healthy(&mut self) -> Result<(), String> {
@@ -514,7 +519,11 @@ impl TestCluster {
         let api: Api<CustomResourceDefinition> = Api::all(self.client().await);
         let pp = PatchParams::apply("mcs-test-harness").force();
         for crd in crds {
-            let name = crd.metadata.name.clone().expect("CRD without metadata.name");
+            let name = crd
+                .metadata
+                .name
+                .clone()
+                .expect("CRD without metadata.name");
             api.patch(&name, &pp, &Patch::Apply(crd))
                 .await
                 .unwrap_or_else(|e| panic!("cluster {}: installing CRD {name}: {e}", self.name));
@@ -644,7 +653,9 @@ fn free_ports(n: usize) -> Vec<u16> {
 
 async fn http_get_ok(port: u16, path: &str, needle: &str) -> bool {
     let attempt = async {
-        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()?;
         s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
             .await
             .ok()?;
@@ -692,8 +703,9 @@ pub fn load_crds() -> Vec<CustomResourceDefinition> {
             if value.is_null() {
                 continue;
             }
-            let crd: CustomResourceDefinition = serde_yaml::from_value(value)
-                .unwrap_or_else(|e| panic!("{}: not a CustomResourceDefinition: {e}", file.display()));
+            let crd: CustomResourceDefinition = serde_yaml::from_value(value).unwrap_or_else(|e| {
+                panic!("{}: not a CustomResourceDefinition: {e}", file.display())
+            });
             crds.push(crd);
         }
     }

@@ -1,0 +1,81 @@
+//! `mcs-dns`: the `clusterset.local` DNS server.
+//!
+//! Answers the ClusterSet zone from the local cluster's ServiceImports and MCS
+//! EndpointSlices. CoreDNS forwards the zone to it (see `deploy/dns/`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+
+use clap::Parser;
+use mcs_core::name::Zone;
+use mcs_kube::admin;
+use mcs_kube::dns::{DnsConfig, DnsServer};
+use prometheus_client::registry::Registry;
+use tracing_subscriber::EnvFilter;
+
+/// The clusterset.local DNS server of mcs.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// The ClusterSet zone.
+    #[arg(long, env = "MCS_DNS_ZONE", default_value = "clusterset.local")]
+    zone: String,
+    /// TTL of every record, in seconds.
+    #[arg(long, env = "MCS_DNS_TTL", default_value_t = 5)]
+    ttl: u32,
+    /// Address for DNS over UDP and TCP.
+    #[arg(long, env = "MCS_DNS_LISTEN", default_value = "0.0.0.0:5353")]
+    listen: SocketAddr,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "MCS_ADMIN_LISTEN", default_value = "0.0.0.0:9090")]
+    admin_listen: SocketAddr,
+    /// Kubeconfig of the local cluster (default: in-cluster or the usual kubeconfig).
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context.
+    #[arg(long)]
+    context: Option<String>,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .init();
+    match run(Args::parse()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    let zone = Zone::new(&args.zone)?;
+    let client = admin::kube_client(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
+    let server = DnsServer::bind(DnsConfig::default().zone(zone).ttl(args.ttl).listen(args.listen)).await?;
+    let mut registry = Registry::with_prefix("");
+    server.metrics().register(&mut registry);
+    let admin_listener = admin::bind(args.admin_listen).await?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|v| *v).await;
+    };
+    let admin = tokio::spawn(admin::serve(
+        admin_listener,
+        Arc::new(Mutex::new(registry)),
+        server.synced(),
+        stopped(stop_rx.clone()),
+    ));
+    let result = server
+        .run(client, async {
+            admin::shutdown_signal().await;
+        })
+        .await;
+    let _ = stop_tx.send(true);
+    let _ = admin.await;
+    Ok(result?)
+}

@@ -1,0 +1,186 @@
+//! Turns hickory requests into [`ZoneData::answer`] calls and answers back.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+
+use hickory_server::net::runtime::Time;
+use hickory_server::proto::op::{Edns, Metadata, ResponseCode};
+use hickory_server::proto::rr::rdata::{A, AAAA, NS, SOA, SRV, TXT};
+use hickory_server::proto::rr::{Name, RData, Record, RecordType};
+use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
+use hickory_server::zone_handler::MessageResponseBuilder;
+use mcs_core::dns::{self, Answer, QueryType, Rcode, ZoneData};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+
+/// Counters of the DNS server: responses by response code.
+#[derive(Clone, Debug, Default)]
+pub struct DnsMetrics {
+    responses: Family<RcodeLabel, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RcodeLabel {
+    rcode: String,
+}
+
+impl DnsMetrics {
+    /// Registers the counters as `mcs_dns_responses_total{rcode}`.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register("mcs_dns_responses", "DNS responses sent, by response code", self.responses.clone());
+    }
+
+    /// Responses sent so far with `rcode` (e.g. `NXDomain`).
+    pub fn responses(&self, rcode: &str) -> u64 {
+        self.responses.get_or_create(&RcodeLabel { rcode: rcode.to_owned() }).get()
+    }
+
+    fn count(&self, code: ResponseCode) {
+        self.responses.get_or_create(&RcodeLabel { rcode: format!("{code:?}") }).inc();
+    }
+}
+
+pub(super) struct Handler {
+    data: Arc<RwLock<ZoneData>>,
+    synced: Arc<AtomicBool>,
+    metrics: DnsMetrics,
+}
+
+impl Handler {
+    pub(super) fn new(data: Arc<RwLock<ZoneData>>, synced: Arc<AtomicBool>, metrics: DnsMetrics) -> Self {
+        Self { data, synced, metrics }
+    }
+}
+
+/// The largest UDP payload we offer through EDNS (the DNS flag day 2020 value).
+const MAX_UDP_PAYLOAD: u16 = 1232;
+
+#[async_trait::async_trait]
+impl RequestHandler for Handler {
+    async fn handle_request<R: ResponseHandler, T: Time>(&self, request: &Request, mut response: R) -> ResponseInfo {
+        let resp_edns = request.edns.as_ref().map(|req| {
+            let mut e = Edns::new();
+            e.set_max_payload(req.max_payload().clamp(512, MAX_UDP_PAYLOAD));
+            e.set_version(0);
+            e
+        });
+        let mut builder = MessageResponseBuilder::from_message_request(request);
+        if let Some(e) = resp_edns.as_ref() {
+            builder.edns(e);
+        }
+        let error = |code: ResponseCode| (code, None::<Answer>);
+        let (code, answer) = match request.request_info() {
+            Err(_) => error(ResponseCode::FormErr),
+            Ok(_) if !self.synced.load(Ordering::Acquire) => error(ResponseCode::ServFail),
+            Ok(info) => {
+                let qname = info.query.original().name().to_string();
+                let qtype = query_type(info.query.query_type());
+                // The read lock is held only while the answer is built, never across an await.
+                let answer = self.data.read().map(|data| data.answer(&qname, qtype)).ok();
+                // A poisoned lock means a watch handler panicked mid-update.
+                let Some(answer) = answer else {
+                    return self.send_error(request, builder, ResponseCode::ServFail, response).await;
+                };
+                let code = match answer.rcode {
+                    Rcode::NoError => ResponseCode::NoError,
+                    Rcode::NxDomain => ResponseCode::NXDomain,
+                    Rcode::Refused => ResponseCode::Refused,
+                    _ => ResponseCode::NotImp,
+                };
+                (code, Some(answer))
+            }
+        };
+        let Some(answer) = answer else {
+            return self.send_error(request, builder, code, response).await;
+        };
+        let answers = to_records(&answer.answers);
+        let authority = to_records(&answer.authority);
+        let additionals = to_records(&answer.additionals);
+        let mut metadata = Metadata::response_from_request(&request.metadata);
+        metadata.response_code = code;
+        metadata.authoritative = answer.authoritative;
+        metadata.recursion_available = false;
+        let message = builder.build(metadata, answers.iter(), authority.iter(), std::iter::empty(), additionals.iter());
+        self.metrics.count(code);
+        match response.send_response(message).await {
+            Ok(info) => info,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot send DNS response");
+                let mut metadata = Metadata::response_from_request(&request.metadata);
+                metadata.response_code = ResponseCode::ServFail;
+                hickory_server::proto::op::Header { metadata, counts: Default::default() }.into()
+            }
+        }
+    }
+}
+
+impl Handler {
+    async fn send_error<R: ResponseHandler>(
+        &self,
+        request: &Request,
+        builder: MessageResponseBuilder<'_>,
+        code: ResponseCode,
+        mut response: R,
+    ) -> ResponseInfo {
+        self.metrics.count(code);
+        let message = builder.error_msg(&request.metadata, code);
+        match response.send_response(message).await {
+            Ok(info) => info,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot send DNS error response");
+                let mut metadata = Metadata::response_from_request(&request.metadata);
+                metadata.response_code = code;
+                hickory_server::proto::op::Header { metadata, counts: Default::default() }.into()
+            }
+        }
+    }
+}
+
+fn query_type(t: RecordType) -> QueryType {
+    match t {
+        RecordType::A => QueryType::A,
+        RecordType::AAAA => QueryType::Aaaa,
+        RecordType::SRV => QueryType::Srv,
+        RecordType::TXT => QueryType::Txt,
+        RecordType::SOA => QueryType::Soa,
+        RecordType::NS => QueryType::Ns,
+        RecordType::ANY => QueryType::Any,
+        RecordType::AXFR | RecordType::IXFR => QueryType::Transfer,
+        other => QueryType::Other(u16::from(other)),
+    }
+}
+
+fn name(s: &str) -> Option<Name> {
+    Name::from_ascii(s).ok()
+}
+
+fn to_records(records: &[dns::Record]) -> Vec<Record> {
+    records
+        .iter()
+        .filter_map(|r| {
+            let owner = name(&r.name)?;
+            let data = match &r.data {
+                dns::RData::A(ip) => RData::A(A(*ip)),
+                dns::RData::Aaaa(ip) => RData::AAAA(AAAA(*ip)),
+                dns::RData::Srv { priority, weight, port, target } => {
+                    RData::SRV(SRV::new(*priority, *weight, *port, name(target)?))
+                }
+                dns::RData::Txt(text) => RData::TXT(TXT::new(vec![text.clone()])),
+                dns::RData::Ns(ns) => RData::NS(NS(name(ns)?)),
+                dns::RData::Soa { mname, rname, serial, refresh, retry, expire, minimum } => RData::SOA(SOA::new(
+                    name(mname)?,
+                    name(rname)?,
+                    *serial,
+                    i32::try_from(*refresh).unwrap_or(i32::MAX),
+                    i32::try_from(*retry).unwrap_or(i32::MAX),
+                    i32::try_from(*expire).unwrap_or(i32::MAX),
+                    *minimum,
+                )),
+            };
+            Some(Record::from_rdata(owner, r.ttl, data))
+        })
+        .collect()
+}
+
