@@ -7,5 +7,6 @@
 //! - the `mcs-crds` binary prints the CRDs generated from [`mcs_core::api`].
 
 pub mod admin;
+pub mod agent;
 pub mod dns;
 pub mod resolver;
