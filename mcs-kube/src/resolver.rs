@@ -62,7 +62,7 @@ impl Resolve for KubeResolver {
 }
 
 enum Change {
-    Import(Option<ServiceImport>),
+    Import(Option<Box<ServiceImport>>),
     ImportListing(Box<ServiceImport>),
     ImportsListed,
     Slice(Box<EndpointSlice>),
@@ -96,7 +96,7 @@ async fn watch_target(client: kube::Client, target: Target, tx: mpsc::Sender<Res
     while let Some(batch) = changes.next().await {
         for change in batch {
             match change {
-                Change::Import(i) => state.import = Some(i),
+                Change::Import(i) => state.import = Some(i.map(|i| *i)),
                 Change::ImportListing(i) => listing_import = Some(*i),
                 Change::ImportsListed => state.import = Some(listing_import.take()),
                 Change::Slice(s) => {
@@ -137,7 +137,7 @@ async fn watch_target(client: kube::Client, target: Target, tx: mpsc::Sender<Res
 
 fn import_change(event: Result<Event<ServiceImport>, watcher::Error>) -> Vec<Change> {
     match event {
-        Ok(Event::Apply(i)) => vec![Change::Import(Some(i))],
+        Ok(Event::Apply(i)) => vec![Change::Import(Some(Box::new(i)))],
         Ok(Event::Delete(_)) => vec![Change::Import(None)],
         Ok(Event::Init) => vec![Change::ImportListStart],
         Ok(Event::InitApply(i)) => vec![Change::ImportListing(Box::new(i))],

@@ -208,19 +208,15 @@ string_enum! {
 
 string_enum! {
     /// A transport protocol of a service port.
+    #[derive(Default)]
     Protocol {
         /// TCP (the default when a port names no protocol).
+        #[default]
         Tcp = "TCP",
         /// UDP.
         Udp = "UDP",
         /// SCTP.
         Sctp = "SCTP",
-    }
-}
-
-impl Default for Protocol {
-    fn default() -> Self {
-        Self::Tcp
     }
 }
 

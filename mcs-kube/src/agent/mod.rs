@@ -1,7 +1,189 @@
-//! The MCS agent: one per member cluster (being built).
+//! The MCS agent: one per member cluster.
 //!
-//! - [`desired`]: the objects the agent wants in its own cluster, computed without I/O;
-//! - [`index`]: state from watch events, re-lists applied as atomic resets.
+//! The agent reads every member's ServiceExports, the Services they name and those
+//! Services' EndpointSlices; runs the deterministic `mcs-core` merge (every agent computes
+//! the same answer, so no broker and no leader are needed); and writes only into its own
+//! cluster:
+//!
+//! - a ServiceImport per exported service (spec, labels and annotations, `status.clusters`,
+//!   the `Ready` condition, `status.endpointSliceObjects`);
+//! - for a `ClusterSetIP` import, a derived selector-less ClusterIP Service
+//!   (`derived-<hash>`) whose allocated IPs become `spec.ips`, so an unmodified kube-proxy
+//!   programs the VIP;
+//! - imported EndpointSlices per source cluster and address type, labelled
+//!   `multicluster.kubernetes.io/service-name` and `…/source-cluster`, managed by
+//!   `mcs-agent`, and tied to the derived Service;
+//! - the `Valid`, `Ready` and `Conflict` conditions of its own ServiceExports.
+//!
+//! Writes are server-side applies with one field manager and are skipped when nothing
+//! changed, so the agent never loops on its own writes. It deletes only objects it labelled
+//! as its own. A member whose watches fail keeps its endpoints for a grace period (default
+//! 60 s); then they are removed and the import's `Ready` condition says so; when the member
+//! answers again, state converges without a restart.
+//!
+//! Modules: [`desired`] and [`reconcile`] decide (no I/O); [`index`] holds watch state;
+//! the controller and writer only wire watches, decisions and writes together.
 
+mod controller;
 pub mod desired;
 pub mod index;
+pub mod reconcile;
+mod writer;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use mcs_core::ClusterId;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+pub use writer::WriteError;
+
+/// One member of the ClusterSet, as the agent reaches it.
+#[derive(Clone)]
+pub struct Member {
+    /// The member's cluster id.
+    pub id: ClusterId,
+    /// A client for the member's API server (read access suffices for peers).
+    pub client: kube::Client,
+}
+
+impl std::fmt::Debug for Member {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Member").field("id", &self.id).finish_non_exhaustive()
+    }
+}
+
+/// Agent settings.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct AgentConfig {
+    /// This cluster's id.
+    pub local: ClusterId,
+    /// Every member, this cluster included.
+    pub members: Vec<Member>,
+    /// How long an unreachable member's endpoints are kept (default 60 s).
+    pub unreachable_grace: Duration,
+    /// The server-side apply field manager (default `mcs-agent`).
+    pub field_manager: String,
+    /// How often every service is reconciled even without changes (default 5 min).
+    pub resync: Duration,
+    /// Namespaces that may be exported; `None` allows every namespace.
+    pub allowed_namespaces: Option<Vec<String>>,
+    /// How often each member is probed with a small list request (default 10 s).
+    pub probe_interval: Duration,
+}
+
+impl AgentConfig {
+    /// Settings for `local` with these members and the defaults.
+    pub fn new(local: ClusterId, members: Vec<Member>) -> Self {
+        Self {
+            local,
+            members,
+            unreachable_grace: Duration::from_secs(60),
+            field_manager: "mcs-agent".to_owned(),
+            resync: Duration::from_secs(300),
+            allowed_namespaces: None,
+            probe_interval: Duration::from_secs(10),
+        }
+    }
+
+    /// Sets the unreachable grace period.
+    #[must_use]
+    pub fn unreachable_grace(mut self, grace: Duration) -> Self {
+        self.unreachable_grace = grace;
+        self
+    }
+
+    /// Sets the resync period.
+    #[must_use]
+    pub fn resync(mut self, resync: Duration) -> Self {
+        self.resync = resync;
+        self
+    }
+
+    /// Sets the member health probe interval.
+    #[must_use]
+    pub fn probe_interval(mut self, interval: Duration) -> Self {
+        self.probe_interval = interval;
+        self
+    }
+
+    /// Restricts exports to these namespaces.
+    #[must_use]
+    pub fn allowed_namespaces(mut self, namespaces: Vec<String>) -> Self {
+        self.allowed_namespaces = Some(namespaces);
+        self
+    }
+
+    /// Whether exports in `namespace` are allowed.
+    pub fn namespace_allowed(&self, namespace: &str) -> bool {
+        self.allowed_namespaces.as_ref().is_none_or(|list| list.iter().any(|n| n == namespace))
+    }
+}
+
+/// Why the agent stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AgentError {
+    /// The configuration is inconsistent.
+    #[error("invalid agent configuration: {0}")]
+    Config(String),
+}
+
+/// The agent's Prometheus metrics.
+#[derive(Clone, Debug, Default)]
+pub struct AgentMetrics {
+    reconciles: Counter,
+    errors: Counter,
+    services: Gauge,
+    reachable: Gauge,
+}
+
+impl AgentMetrics {
+    /// Registers `mcs_agent_*` metrics.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register("mcs_agent_reconciles", "Services reconciled", self.reconciles.clone());
+        registry.register("mcs_agent_reconcile_errors", "Reconciles that failed and will be retried", self.errors.clone());
+        registry.register("mcs_agent_services", "Exported services known in the ClusterSet", self.services.clone());
+        registry.register("mcs_agent_reachable_members", "Members whose watches are healthy", self.reachable.clone());
+    }
+
+    /// Reconciles so far.
+    pub fn reconciles(&self) -> u64 {
+        self.reconciles.get()
+    }
+}
+
+/// The agent of one member cluster.
+#[derive(Debug)]
+pub struct Agent {
+    config: AgentConfig,
+    ready: Arc<AtomicBool>,
+    metrics: AgentMetrics,
+}
+
+impl Agent {
+    /// An agent with these settings.
+    pub fn new(config: AgentConfig) -> Self {
+        Self { config, ready: Arc::new(AtomicBool::new(false)), metrics: AgentMetrics::default() }
+    }
+
+    /// Turns true once every watch has listed and the first reconcile ran.
+    pub fn ready(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.ready)
+    }
+
+    /// The agent's metrics.
+    pub fn metrics(&self) -> AgentMetrics {
+        self.metrics.clone()
+    }
+
+    /// Runs until `shutdown` completes.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
+        controller::run(self.config, self.ready, self.metrics, shutdown).await
+    }
+}

@@ -1,0 +1,393 @@
+//! Property tests of the merge and of [`ClusterSetState`].
+//!
+//! - the result does not depend on the order of the constituents (pure merge, state fed by
+//!   upserts, full rebuild);
+//! - applying the same update twice changes nothing the second time;
+//! - an import exists iff at least one export is valid;
+//! - no import repeats a port name or a (protocol, port) pair;
+//! - every merged port routes to at least one cluster, and only to clusters that expose it;
+//! - every `Conflict` reason matches the CRD's reason pattern;
+//! - a [`Change`] reports exactly what differs between the states before and after;
+//! - under `Fresh`, the state after any history equals the pure merge of its constituents.
+
+#[path = "merge_common.rs"]
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use common::{at, id, svc};
+use mcs_core::api::{
+    InternalTrafficPolicy, IpFamily, Protocol, ServicePort, SessionAffinity, StringMap,
+    TrafficDistribution,
+};
+use mcs_core::conditions::{ConditionStatus, ValidReason, is_valid_reason};
+use mcs_core::merge::{
+    Change, ClusterSetState, Constituent, ImportChange, MAX_MESSAGE_LEN, MergeOutcome,
+    ServiceFacts, ServiceKind, Stability, merge,
+};
+use mcs_core::name::ServiceRef;
+use proptest::prelude::*;
+
+const CLUSTERS: [&str; 6] = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot"];
+
+fn services() -> [ServiceRef; 3] {
+    [
+        svc(),
+        ServiceRef::new("shop", "cart").unwrap(),
+        ServiceRef::new("shop", "pay").unwrap(),
+    ]
+}
+
+fn port_strategy() -> impl Strategy<Value = ServicePort> {
+    (
+        prop::sample::select(vec!["", "tcp", "udp", "web"]),
+        prop::sample::select(vec![None, Some(Protocol::Tcp), Some(Protocol::Udp)]),
+        1..=4_i32,
+        prop::sample::select(vec![None, Some("h2c")]),
+    )
+        .prop_map(|(name, protocol, port, app)| ServicePort {
+            name: (!name.is_empty()).then(|| name.to_owned()),
+            protocol,
+            app_protocol: app.map(str::to_owned),
+            port,
+        })
+}
+
+/// Keeps the first port of every name and of every (protocol, port) pair.
+fn dedupe(ports: Vec<ServicePort>) -> Vec<ServicePort> {
+    let mut names = BTreeSet::new();
+    let mut pairs = BTreeSet::new();
+    ports
+        .into_iter()
+        .filter(|p| {
+            let name = p.name.clone().unwrap_or_default();
+            let pair = (p.protocol_or_default(), p.port);
+            !names.contains(&name)
+                && !pairs.contains(&pair)
+                && names.insert(name)
+                && pairs.insert(pair)
+        })
+        .collect()
+}
+
+fn facts_strategy() -> impl Strategy<Value = Option<ServiceFacts>> {
+    use IpFamily::{IPv4, IPv6};
+    let valid = (
+        prop::sample::select(vec![ServiceKind::ClusterSetIp, ServiceKind::Headless]),
+        prop::collection::vec(port_strategy(), 0..4),
+        prop::sample::select(vec![
+            None,
+            Some(SessionAffinity::ClientIp),
+            Some(SessionAffinity::None),
+        ]),
+        prop::sample::select(vec![None, Some(10), Some(20)]),
+        prop::sample::select(vec![
+            vec![],
+            vec![IPv4],
+            vec![IPv6],
+            vec![IPv4, IPv6],
+            vec![IPv6, IPv4],
+        ]),
+        prop::sample::select(vec![
+            None,
+            Some(InternalTrafficPolicy::Cluster),
+            Some(InternalTrafficPolicy::Local),
+        ]),
+        prop::sample::select(vec![
+            None,
+            Some(TrafficDistribution::PreferClose),
+            Some(TrafficDistribution::PreferSameNode),
+        ]),
+    )
+        .prop_map(|(kind, ports, affinity, timeout, families, itp, td)| {
+            let mut b = ServiceFacts::builder(kind)
+                .ports(dedupe(ports))
+                .ip_families(families);
+            if let Some(a) = affinity {
+                b = b.session_affinity(a);
+            }
+            if let Some(t) = timeout {
+                b = b.session_affinity_config(common::client_ip_timeout(t));
+            }
+            if let Some(v) = itp {
+                b = b.internal_traffic_policy(v);
+            }
+            if let Some(v) = td {
+                b = b.traffic_distribution(v);
+            }
+            Some(b.build().expect("deduplicated facts are valid"))
+        });
+    prop_oneof![
+        1 => Just(None),
+        1 => Just(Some(ServiceFacts::builder(ServiceKind::ExternalName).build().unwrap())),
+        8 => valid,
+    ]
+}
+
+fn map_strategy() -> impl Strategy<Value = StringMap> {
+    prop::sample::select(vec![
+        vec![],
+        vec![("team", "a")],
+        vec![("team", "b")],
+        vec![("team", "a"), ("tier", "1")],
+    ])
+    .prop_map(|pairs| common::labels(&pairs))
+}
+
+fn constituent_strategy(cluster: usize) -> impl Strategy<Value = Constituent> {
+    (0..3_i64, facts_strategy(), map_strategy(), map_strategy()).prop_map(
+        move |(created, facts, labels, annotations)| {
+            Constituent::new(id(CLUSTERS[cluster]), at(created), facts)
+                .with_exported_labels(labels)
+                .with_exported_annotations(annotations)
+        },
+    )
+}
+
+fn any_constituent() -> impl Strategy<Value = Constituent> {
+    (0..CLUSTERS.len()).prop_flat_map(constituent_strategy)
+}
+
+/// Up to six constituents from distinct clusters, and the same set shuffled.
+fn exports_and_shuffled() -> impl Strategy<Value = (Vec<Constituent>, Vec<Constituent>)> {
+    prop::collection::btree_set(0..CLUSTERS.len(), 0..=CLUSTERS.len())
+        .prop_flat_map(|clusters| {
+            clusters
+                .into_iter()
+                .map(constituent_strategy)
+                .collect::<Vec<_>>()
+        })
+        .prop_flat_map(|v| (Just(v.clone()), Just(v).prop_shuffle()))
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Upsert(usize, Constituent),
+    Remove(usize, usize),
+    RemoveCluster(usize),
+    Refresh(usize),
+}
+
+fn op_strategy() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0..3_usize, any_constituent()).prop_map(|(s, c)| Op::Upsert(s, c)),
+        2 => (0..3_usize, 0..CLUSTERS.len()).prop_map(|(s, c)| Op::Remove(s, c)),
+        1 => (0..CLUSTERS.len()).prop_map(Op::RemoveCluster),
+        1 => (0..3_usize).prop_map(Op::Refresh),
+    ]
+}
+
+fn apply(state: &mut ClusterSetState, op: &Op) -> Vec<Change> {
+    let services = services();
+    match op {
+        Op::Upsert(s, c) => vec![state.upsert(&services[*s], c.clone())],
+        Op::Remove(s, c) => vec![state.remove(&services[*s], &id(CLUSTERS[*c]))],
+        Op::RemoveCluster(c) => state.remove_cluster(&id(CLUSTERS[*c])),
+        Op::Refresh(s) => vec![state.refresh(&services[*s])],
+    }
+}
+
+/// Every invariant of one service's outcome, given its constituents.
+fn check_outcome(exports: &[Constituent], outcome: &MergeOutcome) -> Result<(), TestCaseError> {
+    let valid: BTreeMap<_, _> = exports
+        .iter()
+        .filter(|c| c.validity() == ValidReason::Valid)
+        .map(|c| (c.cluster().clone(), c))
+        .collect();
+    prop_assert_eq!(
+        outcome.import.is_some(),
+        !valid.is_empty(),
+        "import iff a valid export"
+    );
+    prop_assert_eq!(outcome.exports.len(), exports.len());
+    let shared = valid
+        .keys()
+        .next()
+        .map(|c| outcome.exports[c].conflict.clone());
+    for (cluster, conditions) in &outcome.exports {
+        prop_assert!(
+            is_valid_reason(&conditions.conflict.reason),
+            "{}",
+            conditions.conflict.reason
+        );
+        prop_assert!(is_valid_reason(&conditions.valid.reason));
+        prop_assert!(conditions.conflict.message.len() <= MAX_MESSAGE_LEN);
+        if valid.contains_key(cluster) {
+            prop_assert_eq!(conditions.valid.status, ConditionStatus::True);
+            prop_assert_eq!(
+                Some(&conditions.conflict),
+                shared.as_ref(),
+                "same Conflict everywhere"
+            );
+            prop_assert_eq!(conditions.conflict.status, outcome.conflicts.status());
+            prop_assert_eq!(&conditions.conflict.reason, &outcome.conflicts.to_string());
+        } else {
+            prop_assert_eq!(conditions.valid.status, ConditionStatus::False);
+            prop_assert_eq!(&conditions.conflict.reason, "NoConflicts");
+        }
+    }
+    let Some(import) = &outcome.import else {
+        return Ok(());
+    };
+    prop_assert_eq!(import.spec.ips.as_ref(), None);
+    prop_assert_eq!(
+        import.clusters.iter().collect::<Vec<_>>(),
+        valid.keys().collect::<Vec<_>>()
+    );
+    let mut names = BTreeSet::new();
+    let mut pairs = BTreeSet::new();
+    for p in &import.spec.ports {
+        prop_assert!(
+            names.insert(p.name.clone().unwrap_or_default()),
+            "repeated name in {:?}",
+            import.spec.ports
+        );
+        prop_assert!(
+            pairs.insert((p.protocol_or_default(), p.port)),
+            "repeated pair in {:?}",
+            import.spec.ports
+        );
+        prop_assert!(p.protocol.is_some(), "protocol normalised");
+    }
+    if let Some(families) = &import.spec.ip_families {
+        prop_assert_eq!(
+            families.iter().collect::<BTreeSet<_>>().len(),
+            families.len()
+        );
+    }
+    prop_assert_eq!(import.routes.len(), import.spec.ports.len());
+    for (route, p) in import.routes.iter().zip(&import.spec.ports) {
+        prop_assert_eq!(&route.port, p);
+        prop_assert!(!route.clusters.is_empty(), "port {:?} routes nowhere", p);
+        for cluster in &route.clusters {
+            let facts = valid.get(cluster).and_then(|c| c.service());
+            prop_assert!(
+                facts.is_some_and(|f| f.exposes(p)),
+                "{} does not expose {:?}",
+                cluster,
+                p
+            );
+        }
+        let exposers: Vec<_> = valid
+            .values()
+            .filter(|c| c.service().is_some_and(|f| f.exposes(p)))
+            .map(|c| c.cluster().clone())
+            .collect();
+        prop_assert_eq!(
+            &route.clusters,
+            &exposers,
+            "every exposing cluster is routed to"
+        );
+    }
+    Ok(())
+}
+
+/// The `Change` reports exactly the difference between two outcomes.
+fn check_change(
+    change: &Change,
+    before: Option<&MergeOutcome>,
+    after: Option<&MergeOutcome>,
+) -> Result<(), TestCaseError> {
+    let old = before.and_then(|o| o.import.as_ref());
+    let new = after.and_then(|o| o.import.as_ref());
+    match (&change.import, old, new) {
+        (ImportChange::Unchanged, a, b) => prop_assert_eq!(a, b),
+        (ImportChange::Created(i), None, Some(b)) => prop_assert_eq!(&**i, b),
+        (ImportChange::Updated(i), Some(a), Some(b)) => {
+            prop_assert_ne!(a, b);
+            prop_assert_eq!(&**i, b);
+        }
+        (ImportChange::Deleted, Some(_), None) => {}
+        (c, a, b) => prop_assert!(false, "{:?} from {:?} to {:?}", c, a, b),
+    }
+    let expected: Vec<_> = after
+        .into_iter()
+        .flat_map(|o| &o.exports)
+        .filter(|(c, cond)| before.and_then(|o| o.exports.get(*c)) != Some(*cond))
+        .map(|(c, cond)| (c.clone(), cond.clone()))
+        .collect();
+    prop_assert_eq!(&change.conditions, &expected);
+    Ok(())
+}
+
+proptest! {
+    // 256 cases by default; set PROPTEST_CASES for a longer run.
+
+    #[test]
+    fn merge_is_independent_of_input_order((exports, shuffled) in exports_and_shuffled()) {
+        let s = svc();
+        let a = merge(&s, &exports, Stability::Fresh, None).unwrap();
+        let b = merge(&s, &shuffled, Stability::Fresh, None).unwrap();
+        prop_assert_eq!(&a, &b);
+        check_outcome(&exports, &a)?;
+        for stability in [Stability::Fresh, Stability::Sticky] {
+            let mut state = ClusterSetState::new(stability);
+            for c in &shuffled {
+                state.upsert(&s, c.clone());
+            }
+            prop_assert_eq!(state.outcome(&s), (!exports.is_empty()).then(|| a.clone()));
+            let built = ClusterSetState::build(stability, shuffled.iter().map(|c| (s.clone(), c.clone())));
+            prop_assert_eq!(built.outcome(&s), (!exports.is_empty()).then(|| a.clone()));
+        }
+    }
+
+    #[test]
+    fn sticky_previous_never_breaks_invariants(
+        (first, _) in exports_and_shuffled(),
+        (second, _) in exports_and_shuffled(),
+    ) {
+        let s = svc();
+        let previous = merge(&s, &first, Stability::Fresh, None).unwrap();
+        let sticky = merge(&s, &second, Stability::Sticky, previous.import.as_ref()).unwrap();
+        check_outcome(&second, &sticky)?;
+        let again = merge(&s, &second, Stability::Sticky, sticky.import.as_ref()).unwrap();
+        prop_assert_eq!(&again, &sticky, "a sticky merge is a fixed point");
+    }
+
+    #[test]
+    fn updates_are_idempotent_report_exact_changes_and_keep_invariants(
+        ops in prop::collection::vec(op_strategy(), 1..25),
+    ) {
+        for stability in [Stability::Fresh, Stability::Sticky] {
+            let mut state = ClusterSetState::new(stability);
+            for op in &ops {
+                let before: Vec<_> = services().iter().map(|s| state.outcome(s)).collect();
+                let changes = apply(&mut state, op);
+                for change in &changes {
+                    let i = services().iter().position(|s| *s == change.service).unwrap();
+                    check_change(change, before[i].as_ref(), state.outcome(&change.service).as_ref())?;
+                }
+                for (i, s) in services().iter().enumerate() {
+                    if !changes.iter().any(|c| c.service == *s) {
+                        // Nothing reported: same import, and every remaining export keeps its
+                        // conditions (a removed export needs no write).
+                        let after = state.outcome(s);
+                        let import = |o: &Option<MergeOutcome>| o.as_ref().and_then(|o| o.import.clone());
+                        prop_assert_eq!(import(&after), import(&before[i]), "unreported import change");
+                        for (c, cond) in after.iter().flat_map(|o| &o.exports) {
+                            let old = before[i].as_ref().and_then(|o| o.exports.get(c));
+                            prop_assert_eq!(old, Some(cond), "unreported condition change");
+                        }
+                    }
+                }
+                let twice = apply(&mut state, op);
+                prop_assert!(twice.iter().all(Change::is_empty), "{:?} twice: {:?}", op, twice);
+
+                for s in services() {
+                    let exports: Vec<Constituent> = state.exports(&s).cloned().collect();
+                    match state.outcome(&s) {
+                        None => prop_assert!(exports.is_empty()),
+                        Some(outcome) => {
+                            prop_assert!(!exports.is_empty(), "no empty entries are kept");
+                            check_outcome(&exports, &outcome)?;
+                            if stability == Stability::Fresh {
+                                let pure = merge(&s, &exports, Stability::Fresh, None).unwrap();
+                                prop_assert_eq!(&outcome, &pure, "history leaked into a fresh state");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

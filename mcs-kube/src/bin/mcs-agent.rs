@@ -1,0 +1,116 @@
+//! `mcs-agent`: the MCS agent of one member cluster.
+//!
+//! ```text
+//! mcs-agent --cluster-id east \
+//!   --member east=/etc/mcs/east.kubeconfig \
+//!   --member west=/etc/mcs/west.kubeconfig \
+//!   --member north=/etc/mcs/north.kubeconfig
+//! ```
+//!
+//! Without `--cluster-id` the id is read from the local cluster's
+//! `cluster.clusterset.k8s.io` ClusterProperty. A member without a kubeconfig path
+//! (`--member east`) uses the in-cluster or default configuration.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use clap::Parser;
+use kube::api::Api;
+use mcs_core::ClusterId;
+use mcs_core::api::{CLUSTER_ID_PROPERTY, v1beta1::ClusterProperty};
+use mcs_kube::admin;
+use mcs_kube::agent::{Agent, AgentConfig, Member};
+use prometheus_client::registry::Registry;
+use tracing_subscriber::EnvFilter;
+
+/// The MCS agent: merges every member's ServiceExports and writes ServiceImports,
+/// EndpointSlices, derived Services and export conditions into its own cluster.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// This cluster's id (default: the `cluster.clusterset.k8s.io` ClusterProperty).
+    #[arg(long, env = "MCS_CLUSTER_ID")]
+    cluster_id: Option<String>,
+    /// A member as `ID=KUBECONFIG[@CONTEXT]` (or just `ID` for the in-cluster config).
+    /// Repeat for every member, this cluster included.
+    #[arg(long = "member", required = true)]
+    members: Vec<String>,
+    /// Seconds an unreachable member's endpoints are kept.
+    #[arg(long, default_value_t = 60)]
+    unreachable_grace_seconds: u64,
+    /// Seconds between full resyncs.
+    #[arg(long, default_value_t = 300)]
+    resync_seconds: u64,
+    /// Only these namespaces may be exported (repeat; default: all).
+    #[arg(long = "allow-namespace")]
+    allowed_namespaces: Vec<String>,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "MCS_ADMIN_LISTEN", default_value = "0.0.0.0:9090")]
+    admin_listen: SocketAddr,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .init();
+    match run(Args::parse()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    let mut members = Vec::new();
+    for spec in &args.members {
+        let (id, rest) = spec.split_once('=').map_or((spec.as_str(), None), |(id, rest)| (id, Some(rest)));
+        let id = ClusterId::new(id).map_err(|e| format!("--member {spec}: {e}"))?;
+        let (path, context) = match rest {
+            None => (None, None),
+            Some(rest) => match rest.rsplit_once('@') {
+                Some((path, context)) => (Some(PathBuf::from(path)), Some(context.to_owned())),
+                None => (Some(PathBuf::from(rest)), None),
+            },
+        };
+        let client = admin::kube_client(path.as_deref(), context.as_deref()).await.map_err(|e| format!("--member {spec}: {e}"))?;
+        members.push(Member { id, client });
+    }
+    let local = match &args.cluster_id {
+        Some(id) => ClusterId::new(id.as_str())?,
+        None => {
+            let first = members.first().ok_or("no --member given")?;
+            let properties: Api<ClusterProperty> = Api::all(first.client.clone());
+            let property = properties
+                .get(CLUSTER_ID_PROPERTY)
+                .await
+                .map_err(|e| format!("no --cluster-id and cannot read ClusterProperty {CLUSTER_ID_PROPERTY}: {e}"))?;
+            ClusterId::new(property.spec.value.as_str())
+                .map_err(|e| format!("ClusterProperty {CLUSTER_ID_PROPERTY} is not a usable cluster id: {e}"))?
+        }
+    };
+    let mut config = AgentConfig::new(local.clone(), members)
+        .unreachable_grace(Duration::from_secs(args.unreachable_grace_seconds))
+        .resync(Duration::from_secs(args.resync_seconds));
+    if !args.allowed_namespaces.is_empty() {
+        config = config.allowed_namespaces(args.allowed_namespaces.clone());
+    }
+    let agent = Agent::new(config);
+    let mut registry = Registry::default();
+    agent.metrics().register(&mut registry);
+    let listener = admin::bind(args.admin_listen).await?;
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let admin_task = tokio::spawn(admin::serve(listener, Arc::new(Mutex::new(registry)), agent.ready(), async move {
+        let _ = stop_rx.wait_for(|v| *v).await;
+    }));
+    tracing::info!(cluster = %local, "mcs-agent starting");
+    let result = agent.run(admin::shutdown_signal()).await;
+    let _ = stop_tx.send(true);
+    let _ = admin_task.await;
+    Ok(result?)
+}

@@ -1,0 +1,250 @@
+//! A ClusterSet for agent tests: real API servers (the `support` harness) with one
+//! in-process `mcs-agent` per member, plus the conformance fixtures (SPEC.md section 6).
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec, SessionAffinityConfig, ClientIPConfig};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
+use mcs_core::ClusterId;
+use mcs_core::api::{ServiceExportSpec, v1beta1::ServiceExport, v1beta1::ServiceImport};
+use mcs_kube::agent::{Agent, AgentConfig, Member};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::support::{self, ClusterOptions, TestCluster};
+
+/// The conformance budget for imports and conditions.
+pub const IMPORT_TIMEOUT: Duration = Duration::from_secs(20);
+/// The conformance budget for EndpointSlices to appear.
+pub const SLICE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long "must not exist" / "must stay" checks watch.
+pub const HOLD: Duration = Duration::from_secs(5);
+
+pub struct ClusterSet {
+    pub clusters: Vec<TestCluster>,
+    pub clients: Vec<Client>,
+    pub ids: Vec<ClusterId>,
+    agents: Vec<Option<(oneshot::Sender<()>, JoinHandle<()>)>>,
+    grace: Duration,
+}
+
+impl ClusterSet {
+    /// Starts `names.len()` clusters and one agent per cluster.
+    pub async fn start(names: &[&str], controller_manager: bool) -> Self {
+        Self::start_with(names, controller_manager, Duration::from_secs(60)).await
+    }
+
+    /// Starts the clusters with no agent.
+    pub async fn start_bare(names: &[&str]) -> Self {
+        Self::start_inner(names, false, Duration::from_secs(60), false).await
+    }
+
+    pub async fn start_with(names: &[&str], controller_manager: bool, grace: Duration) -> Self {
+        Self::start_inner(names, controller_manager, grace, true).await
+    }
+
+    async fn start_inner(names: &[&str], controller_manager: bool, grace: Duration, agents: bool) -> Self {
+        let clusters = support::start_clusters_with(names, ClusterOptions { controller_manager, install_crds: true }).await;
+        let mut clients = Vec::new();
+        for c in &clusters {
+            clients.push(c.client().await);
+        }
+        let ids = names.iter().map(|n| ClusterId::new(*n).unwrap()).collect();
+        let mut set = Self { clusters, clients, ids, agents: Vec::new(), grace };
+        for i in 0..names.len() {
+            let agent = agents.then(|| set.spawn_agent(i));
+            set.agents.push(agent);
+        }
+        set
+    }
+
+    fn spawn_agent(&self, i: usize) -> (oneshot::Sender<()>, JoinHandle<()>) {
+        let members = self.ids.iter().zip(&self.clients).map(|(id, client)| Member { id: id.clone(), client: client.clone() }).collect();
+        let config = AgentConfig::new(self.ids[i].clone(), members).unreachable_grace(self.grace).resync(Duration::from_secs(30)).probe_interval(Duration::from_secs(1));
+        let agent = Agent::new(config);
+        let (stop, stopped) = oneshot::channel::<()>();
+        let handle = tokio::spawn(async move {
+            agent.run(async move { let _ = stopped.await; }).await.expect("agent failed");
+        });
+        (stop, handle)
+    }
+
+    /// Stops the agent of cluster `i` (its objects stay).
+    pub async fn stop_agent(&mut self, i: usize) {
+        if let Some((stop, handle)) = self.agents[i].take() {
+            let _ = stop.send(());
+            handle.await.expect("agent task panicked");
+        }
+    }
+
+    /// Starts the agent of cluster `i` again.
+    pub fn start_agent(&mut self, i: usize) {
+        if self.agents[i].is_none() {
+            self.agents[i] = Some(self.spawn_agent(i));
+        }
+    }
+
+    /// Creates `ns` in every cluster.
+    pub async fn namespace(&self, ns: &str) {
+        for c in &self.clients {
+            support::create_namespace(c, ns).await;
+        }
+    }
+
+    pub fn client(&self, i: usize) -> &Client {
+        &self.clients[i]
+    }
+}
+
+impl Drop for ClusterSet {
+    fn drop(&mut self) {
+        for (stop, handle) in self.agents.iter_mut().filter_map(Option::take) {
+            let _ = stop.send(());
+            handle.abort();
+        }
+    }
+}
+
+/// The conformance `hello` Service: `tcp/TCP/42`, `udp/UDP/42`, ClientIP affinity (10 s),
+/// PreferDualStack, labels and annotations `dummy-svc`.
+pub fn hello_service(name: &str) -> Service {
+    let dummy = BTreeMap::from([("dummy-svc".to_string(), "dummy-svc".to_string())]);
+    Service {
+        metadata: ObjectMeta { name: Some(name.into()), labels: Some(dummy.clone()), annotations: Some(dummy), ..Default::default() },
+        spec: Some(ServiceSpec {
+            type_: Some("ClusterIP".into()),
+            selector: Some(BTreeMap::from([("app".to_string(), name.to_string())])),
+            ports: Some(vec![
+                ServicePort { name: Some("tcp".into()), protocol: Some("TCP".into()), port: 42, target_port: Some(IntOrString::Int(42)), ..Default::default() },
+                ServicePort { name: Some("udp".into()), protocol: Some("UDP".into()), port: 42, target_port: Some(IntOrString::Int(42)), ..Default::default() },
+            ]),
+            session_affinity: Some("ClientIP".into()),
+            session_affinity_config: Some(SessionAffinityConfig { client_ip: Some(ClientIPConfig { timeout_seconds: Some(10) }) }),
+            ip_family_policy: Some("PreferDualStack".into()),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+pub fn headless(mut svc: Service) -> Service {
+    let spec = svc.spec.as_mut().unwrap();
+    spec.cluster_ip = Some("None".into());
+    spec.session_affinity = None;
+    spec.session_affinity_config = None;
+    svc
+}
+
+pub async fn create_service(client: &Client, ns: &str, svc: &Service) -> Service {
+    let api: Api<Service> = Api::namespaced(client.clone(), ns);
+    api.create(&PostParams::default(), svc).await.expect("create Service")
+}
+
+pub async fn replace_service(client: &Client, ns: &str, mut svc: Service) -> Service {
+    let api: Api<Service> = Api::namespaced(client.clone(), ns);
+    let name = svc.metadata.name.clone().unwrap();
+    let current = api.get(&name).await.expect("get Service");
+    svc.metadata.resource_version = current.metadata.resource_version;
+    let spec = svc.spec.as_mut().unwrap();
+    let cur = current.spec.unwrap();
+    spec.cluster_ip = cur.cluster_ip;
+    spec.cluster_ips = cur.cluster_ips;
+    api.replace(&name, &PostParams::default(), &svc).await.expect("replace Service")
+}
+
+pub async fn delete_service(client: &Client, ns: &str, name: &str) {
+    let api: Api<Service> = Api::namespaced(client.clone(), ns);
+    api.delete(name, &DeleteParams::default()).await.expect("delete Service");
+}
+
+/// Creates the ServiceExport `name` (metadata `dummy-svcexport` like the conformance
+/// fixture; exported labels and annotations as given).
+pub async fn export(client: &Client, ns: &str, name: &str, exported: Option<(&str, &str)>) -> ServiceExport {
+    let dummy = BTreeMap::from([("dummy-svcexport".to_string(), "dummy-svcexport".to_string())]);
+    let spec = match exported {
+        Some((k, v)) => ServiceExportSpec {
+            exported_labels: Some(BTreeMap::from([(k.to_string(), v.to_string())])),
+            exported_annotations: Some(BTreeMap::from([(format!("{k}-annotation"), v.to_string())])),
+        },
+        None => ServiceExportSpec::default(),
+    };
+    let mut se = ServiceExport::new(name, spec);
+    se.metadata.namespace = Some(ns.into());
+    se.metadata.labels = Some(dummy.clone());
+    se.metadata.annotations = Some(dummy);
+    let api: Api<ServiceExport> = Api::namespaced(client.clone(), ns);
+    api.create(&PostParams::default(), &se).await.expect("create ServiceExport")
+}
+
+pub async fn unexport(client: &Client, ns: &str, name: &str) {
+    let api: Api<ServiceExport> = Api::namespaced(client.clone(), ns);
+    api.delete(name, &DeleteParams::default()).await.expect("delete ServiceExport");
+}
+
+/// Waits until the ServiceImport exists and `pred` holds.
+pub async fn wait_import(client: &Client, ns: &str, name: &str, what: &str, pred: impl Fn(&ServiceImport) -> bool) -> ServiceImport {
+    let api: Api<ServiceImport> = Api::namespaced(client.clone(), ns);
+    support::wait_for(what, IMPORT_TIMEOUT, || {
+        let api = api.clone();
+        let pred = &pred;
+        async move { api.get_opt(name).await.ok().flatten().filter(|si| pred(si)) }
+    })
+    .await
+}
+
+pub async fn wait_no_import(client: &Client, ns: &str, name: &str, what: &str) {
+    let api: Api<ServiceImport> = Api::namespaced(client.clone(), ns);
+    support::wait_for(what, IMPORT_TIMEOUT, || {
+        let api = api.clone();
+        async move { matches!(api.get_opt(name).await, Ok(None)).then_some(()) }
+    })
+    .await
+}
+
+/// Asserts the ServiceImport stays absent (or present) for the conformance hold time.
+pub async fn hold_import(client: &Client, ns: &str, name: &str, present: bool) {
+    let api: Api<ServiceImport> = Api::namespaced(client.clone(), ns);
+    let end = tokio::time::Instant::now() + HOLD;
+    while tokio::time::Instant::now() < end {
+        let got = api.get_opt(name).await.expect("get ServiceImport");
+        assert_eq!(got.is_some(), present, "ServiceImport {ns}/{name} present={} during the hold", got.is_some());
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+pub async fn export_condition(client: &Client, ns: &str, name: &str, type_: &str) -> Option<Condition> {
+    let api: Api<ServiceExport> = Api::namespaced(client.clone(), ns);
+    let se = api.get_opt(name).await.ok().flatten()?;
+    se.status?.conditions?.into_iter().find(|c| c.type_ == type_)
+}
+
+/// Waits until the export's condition `type_` has `status` (and `reason` when given).
+pub async fn wait_export_condition(client: &Client, ns: &str, name: &str, type_: &str, status: &str, reason: Option<&str>) -> Condition {
+    support::wait_for(&format!("ServiceExport {ns}/{name} {type_}={status}"), IMPORT_TIMEOUT, || async {
+        export_condition(client, ns, name, type_)
+            .await
+            .filter(|c| c.status == status && reason.is_none_or(|r| c.reason == r))
+    })
+    .await
+}
+
+pub async fn mcs_slices(client: &Client, ns: &str, name: &str) -> Vec<EndpointSlice> {
+    let api: Api<EndpointSlice> = Api::namespaced(client.clone(), ns);
+    api.list(&ListParams::default().labels(&format!("multicluster.kubernetes.io/service-name={name}")))
+        .await
+        .expect("list EndpointSlices")
+        .items
+}
+
+/// The conformance two-cluster driver's pause between the two exports, so their
+/// creation timestamps (1 s resolution) differ.
+pub async fn conformance_pause() {
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+}
