@@ -1,7 +1,7 @@
 //! Bad input gives a typed error naming the object and the problem, or a clear result;
 //! never a panic.
 
-#[path = "merge_common.rs"]
+#[path = "merge_common/mod.rs"]
 mod common;
 
 use common::*;

@@ -5,7 +5,7 @@
 //! case is merged in both input orders, through the pure merge and through
 //! [`ClusterSetState`] under both stability policies (see `merged`).
 
-#[path = "merge_common.rs"]
+#[path = "merge_common/mod.rs"]
 mod common;
 
 use common::*;

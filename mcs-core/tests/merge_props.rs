@@ -10,7 +10,7 @@
 //! - a [`Change`] reports exactly what differs between the states before and after;
 //! - under `Fresh`, the state after any history equals the pure merge of its constituents.
 
-#[path = "merge_common.rs"]
+#[path = "merge_common/mod.rs"]
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -2,7 +2,7 @@
 //! timestamps, three and more clusters, a cluster leaving, and the oldest export leaving
 //! under both stability policies.
 
-#[path = "merge_common.rs"]
+#[path = "merge_common/mod.rs"]
 mod common;
 
 use common::*;
