@@ -198,3 +198,44 @@ async fn support_token(client: &kube::Client, ns: &str, name: &str) -> String {
     let response: TokenRequest = sas.create_subresource("token", name, &PostParams::default(), &request).await.unwrap();
     response.status.unwrap().token
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hand_written_and_malformed_imports_are_left_alone() {
+    use kube::api::{ApiResource, DynamicObject};
+    let set = ClusterSet::start(&["east", "west", "north"], false).await;
+    set.namespace(NS).await;
+    let resource = ApiResource::erase::<ServiceImport>(&());
+    let dynamic: Api<DynamicObject> = Api::namespaced_with(set.client(2).clone(), NS, &resource);
+    // Valid for the CRD (sessionAffinity is a free string there), invalid for the typed API.
+    let malformed: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "multicluster.x-k8s.io/v1beta1",
+        "kind": "ServiceImport",
+        "metadata": { "name": "manual", "namespace": NS },
+        "spec": { "type": "ClusterSetIP", "ports": [{ "port": 80 }], "sessionAffinity": "Sticky" }
+    }))
+    .unwrap();
+    dynamic.create(&PostParams::default(), &malformed).await.unwrap();
+    let handmade: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "multicluster.x-k8s.io/v1beta1",
+        "kind": "ServiceImport",
+        "metadata": { "name": "handmade", "namespace": NS },
+        "spec": { "type": "Headless", "ports": [] }
+    }))
+    .unwrap();
+    dynamic.create(&PostParams::default(), &handmade).await.unwrap();
+
+    // The agent keeps working for everything else.
+    create_service(set.client(0), NS, &hello_service("accrual")).await;
+    export(set.client(0), NS, "accrual", None).await;
+    wait_import(set.client(2), NS, "accrual", "import next to the malformed one", |_| true).await;
+    // An export with the malformed import's name: the agent does not overwrite it.
+    create_service(set.client(0), NS, &hello_service("manual")).await;
+    export(set.client(0), NS, "manual", None).await;
+    wait_import(set.client(1), NS, "manual", "import in west", |_| true).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let still = dynamic.get("manual").await.unwrap();
+    assert_eq!(still.data["spec"]["sessionAffinity"], "Sticky", "the hand-written import was not touched");
+    assert!(still.metadata.labels.is_none());
+    // Nothing it did not create is deleted.
+    assert!(dynamic.get_opt("handmade").await.unwrap().is_some());
+}

@@ -101,7 +101,18 @@ pub(super) async fn run(
         spawn_watch(&mut tasks, &tx, i, "EndpointSlice", Api::<EndpointSlice>::all(client.clone()), source, Fact::Slice);
         if i == local_index {
             spawn_watch(&mut tasks, &tx, i, "Namespace", Api::<Namespace>::all(client.clone()), watcher::Config::default(), Fact::Namespace);
-            spawn_watch(&mut tasks, &tx, i, "ServiceImport", Api::<ServiceImport>::all(client.clone()), watcher::Config::default(), Fact::Import);
+            // Read as untyped objects: a hand-written import with a value the typed API
+            // rejects must not stop the watch; it becomes a foreign import left alone.
+            let resource = kube::api::ApiResource::erase::<ServiceImport>(&());
+            spawn_watch(
+                &mut tasks,
+                &tx,
+                i,
+                "ServiceImport",
+                Api::<kube::api::DynamicObject>::all_with(client.clone(), &resource),
+                watcher::Config::default(),
+                |e| Fact::Import(map_event(e, typed_import)),
+            );
             let ours = watcher::Config::default().labels(&format!("{LABEL_SLICE_MANAGED_BY}={MANAGED_BY}"));
             spawn_watch(&mut tasks, &tx, i, "imported EndpointSlice", Api::<EndpointSlice>::all(client), ours, Fact::Imported);
         }
@@ -243,7 +254,7 @@ fn spawn_export_watch(tasks: &mut tokio::task::JoinSet<()>, tx: &mpsc::Sender<Ms
         if alpha_only {
             tracing::info!(member, "member serves only multicluster.x-k8s.io/v1alpha1; reading ServiceExports at v1alpha1");
             let stream = watcher::watcher(Api::<v1alpha1::ServiceExport>::all(client), watcher::Config::default()).default_backoff();
-            forward(stream, tx, member, "ServiceExport", |e| Fact::Export(convert_event(e))).await;
+            forward(stream, tx, member, "ServiceExport", |e| Fact::Export(map_event(e, Into::into))).await;
         } else {
             let stream = watcher::watcher(Api::<ServiceExport>::all(client), watcher::Config::default()).default_backoff();
             forward(stream, tx, member, "ServiceExport", Fact::Export).await;
@@ -270,15 +281,42 @@ fn spawn_probe(tasks: &mut tokio::task::JoinSet<()>, tx: &mpsc::Sender<Msg>, mem
     });
 }
 
-fn convert_event<A, B: From<A>>(event: Event<A>) -> Event<B> {
+fn map_event<A, B>(event: Event<A>, f: impl Fn(A) -> B) -> Event<B> {
     match event {
-        Event::Apply(a) => Event::Apply(a.into()),
-        Event::Delete(a) => Event::Delete(a.into()),
+        Event::Apply(a) => Event::Apply(f(a)),
+        Event::Delete(a) => Event::Delete(f(a)),
         Event::Init => Event::Init,
-        Event::InitApply(a) => Event::InitApply(a.into()),
+        Event::InitApply(a) => Event::InitApply(f(a)),
         Event::InitDone => Event::InitDone,
     }
 }
+
+/// The typed import, or, for an object the typed API rejects, an import with only its
+/// name and namespace: it carries no `managed-by` label, so the agent treats it as foreign
+/// and never writes to it.
+fn typed_import(obj: kube::api::DynamicObject) -> ServiceImport {
+    let metadata = obj.metadata.clone();
+    match serde_json::to_value(&obj).map_err(|e| e.to_string()).and_then(|v| serde_json::from_value::<ServiceImport>(v).map_err(|e| e.to_string())) {
+        Ok(typed) => typed,
+        Err(error) => {
+            tracing::warn!(
+                namespace = metadata.namespace.as_deref().unwrap_or(""),
+                name = metadata.name.as_deref().unwrap_or(""),
+                error,
+                "malformed ServiceImport; leaving it alone"
+            );
+            let mut placeholder = ServiceImport::new(
+                metadata.name.as_deref().unwrap_or(""),
+                mcs_core::api::ServiceImportSpec::new(mcs_core::api::ServiceImportType::ClusterSetIp),
+            );
+            placeholder.metadata.namespace = metadata.namespace;
+            placeholder.metadata.resource_version = metadata.resource_version;
+            placeholder
+        }
+    }
+}
+
+
 
 async fn forward<K, F>(
     stream: impl Stream<Item = Result<Event<K>, watcher::Error>>,
