@@ -117,9 +117,20 @@ impl DnsServer {
     /// Binds UDP and TCP on `config.listen` (the same port for both).
     pub async fn bind(config: DnsConfig) -> Result<Self, DnsError> {
         let bind_err = |addr, source| DnsError::Bind { addr, source };
-        let udp = UdpSocket::bind(config.listen).await.map_err(|e| bind_err(config.listen, e))?;
-        let local_addr = udp.local_addr().map_err(|e| bind_err(config.listen, e))?;
-        let tcp = TcpListener::bind(local_addr).await.map_err(|e| bind_err(local_addr, e))?;
+        // With port 0 the UDP socket picks a free port that TCP may already use: try again
+        // with another port a few times.
+        let attempts = if config.listen.port() == 0 { 20 } else { 1 };
+        let mut attempt = 0;
+        let (udp, tcp, local_addr) = loop {
+            attempt += 1;
+            let udp = UdpSocket::bind(config.listen).await.map_err(|e| bind_err(config.listen, e))?;
+            let local_addr = udp.local_addr().map_err(|e| bind_err(config.listen, e))?;
+            match TcpListener::bind(local_addr).await {
+                Ok(tcp) => break (udp, tcp, local_addr),
+                Err(e) if attempt < attempts && e.kind() == std::io::ErrorKind::AddrInUse => continue,
+                Err(e) => return Err(bind_err(local_addr, e)),
+            }
+        };
         let data = Arc::new(RwLock::new(ZoneData::new(config.zone.clone(), config.ttl)));
         Ok(Self {
             config,
