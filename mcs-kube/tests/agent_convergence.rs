@@ -239,3 +239,21 @@ async fn hand_written_and_malformed_imports_are_left_alone() {
     // Nothing it did not create is deleted.
     assert!(dynamic.get_opt("handmade").await.unwrap().is_some());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exports_outside_the_allowed_namespaces_are_refused() {
+    let set = ClusterSet::start_configured(&["east", "west"], |c| c.allowed_namespaces(vec![NS.to_owned()])).await;
+    set.namespace(NS).await;
+    set.namespace("kube-system-like").await;
+    create_service(set.client(0), "kube-system-like", &hello_service("accrual")).await;
+    export(set.client(0), "kube-system-like", "accrual", None).await;
+    let valid = wait_export_condition(set.client(0), "kube-system-like", "accrual", "Valid", "False", Some("NamespaceNotAllowed")).await;
+    assert!(valid.message.contains("kube-system-like"), "{}", valid.message);
+    for i in 0..2 {
+        hold_import(set.client(i), "kube-system-like", "accrual", false).await;
+    }
+    // The allowed namespace works as usual.
+    create_service(set.client(0), NS, &hello_service("accrual")).await;
+    export(set.client(0), NS, "accrual", None).await;
+    wait_import(set.client(1), NS, "accrual", "import in the allowed namespace", |_| true).await;
+}

@@ -33,6 +33,7 @@ pub struct ClusterSet {
     pub ids: Vec<ClusterId>,
     agents: Vec<Option<(oneshot::Sender<()>, JoinHandle<()>)>>,
     grace: Duration,
+    configure: fn(AgentConfig) -> AgentConfig,
 }
 
 impl ClusterSet {
@@ -50,14 +51,29 @@ impl ClusterSet {
         Self::start_inner(names, controller_manager, grace, true).await
     }
 
+    /// Starts the clusters and agents whose settings `configure` adjusts.
+    pub async fn start_configured(names: &[&str], configure: fn(AgentConfig) -> AgentConfig) -> Self {
+        Self::start_inner_with(names, false, Duration::from_secs(60), true, configure).await
+    }
+
     async fn start_inner(names: &[&str], controller_manager: bool, grace: Duration, agents: bool) -> Self {
+        Self::start_inner_with(names, controller_manager, grace, agents, |c| c).await
+    }
+
+    async fn start_inner_with(
+        names: &[&str],
+        controller_manager: bool,
+        grace: Duration,
+        agents: bool,
+        configure: fn(AgentConfig) -> AgentConfig,
+    ) -> Self {
         let clusters = support::start_clusters_with(names, ClusterOptions { controller_manager, install_crds: true }).await;
         let mut clients = Vec::new();
         for c in &clusters {
             clients.push(c.client().await);
         }
         let ids = names.iter().map(|n| ClusterId::new(*n).unwrap()).collect();
-        let mut set = Self { clusters, clients, ids, agents: Vec::new(), grace };
+        let mut set = Self { clusters, clients, ids, agents: Vec::new(), grace, configure };
         for i in 0..names.len() {
             let agent = agents.then(|| set.spawn_agent(i));
             set.agents.push(agent);
@@ -68,7 +84,7 @@ impl ClusterSet {
     fn spawn_agent(&self, i: usize) -> (oneshot::Sender<()>, JoinHandle<()>) {
         let members = self.ids.iter().zip(&self.clients).map(|(id, client)| Member { id: id.clone(), client: client.clone() }).collect();
         let config = AgentConfig::new(self.ids[i].clone(), members).unreachable_grace(self.grace).resync(Duration::from_secs(30)).probe_interval(Duration::from_secs(1));
-        let agent = Agent::new(config);
+        let agent = Agent::new((self.configure)(config));
         let (stop, stopped) = oneshot::channel::<()>();
         let handle = tokio::spawn(async move {
             agent.run(async move { let _ = stopped.await; }).await.expect("agent failed");
