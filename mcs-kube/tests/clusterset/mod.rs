@@ -18,7 +18,7 @@ use mcs_kube::agent::{Agent, AgentConfig, Member};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::support::{self, ClusterOptions, TestCluster};
+use super::support::{self, ClusterOptions, TestCluster};
 
 /// The conformance budget for imports and conditions.
 pub const IMPORT_TIMEOUT: Duration = Duration::from_secs(20);

@@ -681,14 +681,16 @@ fn tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-/// Every CRD in `deploy/crds/*.yaml` (multi-document files allowed). An empty or
-/// missing directory gives no CRDs; a file that does not parse panics.
+/// Every CRD in the workspace's `deploy/crds/*.yaml` (multi-document files allowed),
+/// found from this crate upwards. A missing directory or a file that does not parse panics.
 pub fn load_crds() -> Vec<CustomResourceDefinition> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
-    let Ok(entries) = fs::read_dir(&dir) else {
-        eprintln!("[harness] {} missing: no CRDs installed", dir.display());
-        return Vec::new();
-    };
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = manifest
+        .ancestors()
+        .map(|d| d.join("deploy/crds"))
+        .find(|d| d.is_dir())
+        .unwrap_or_else(|| panic!("no deploy/crds directory above {}", manifest.display()));
+    let entries = fs::read_dir(&dir).unwrap_or_else(|e| panic!("read {}: {e}", dir.display()));
     let mut files: Vec<PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")))
