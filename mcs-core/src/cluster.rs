@@ -193,7 +193,14 @@ mod tests {
 
     #[test]
     fn accepts_labels_and_uids() {
-        for ok in ["a", "east", "cluster-1", "0", "0a", "5b7a3e1c-2f4d-4c1e-9a9b-1d2e3f4a5b6c"] {
+        for ok in [
+            "a",
+            "east",
+            "cluster-1",
+            "0",
+            "0a",
+            "5b7a3e1c-2f4d-4c1e-9a9b-1d2e3f4a5b6c",
+        ] {
             ClusterId::new(ok).unwrap();
         }
         ClusterId::new("a".repeat(63)).unwrap();
@@ -209,7 +216,10 @@ mod tests {
         assert_eq!(err("-east"), LabelError::Edge);
         assert_eq!(err("east-"), LabelError::Edge);
         let msg = ClusterId::new("East").unwrap_err().to_string();
-        assert!(msg.contains("\"East\"") && msg.contains("uppercase"), "{msg}");
+        assert!(
+            msg.contains("\"East\"") && msg.contains("uppercase"),
+            "{msg}"
+        );
     }
 
     #[test]

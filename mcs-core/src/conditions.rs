@@ -221,12 +221,19 @@ impl ConflictReasons {
 
     /// The reasons, in declaration order.
     pub fn iter(self) -> impl Iterator<Item = ConflictReason> {
-        ConflictReason::ALL.iter().copied().filter(move |r| self.contains(*r))
+        ConflictReason::ALL
+            .iter()
+            .copied()
+            .filter(move |r| self.contains(*r))
     }
 
     /// The condition status: `True` when any reason is present.
     pub fn status(self) -> ConditionStatus {
-        if self.is_empty() { ConditionStatus::False } else { ConditionStatus::True }
+        if self.is_empty() {
+            ConditionStatus::False
+        } else {
+            ConditionStatus::True
+        }
     }
 
     fn bit(reason: ConflictReason) -> u16 {
@@ -376,11 +383,23 @@ mod tests {
 
     #[test]
     fn spellings_are_exact() {
-        assert_eq!(ConflictReason::IpFamilyConflict.as_str(), "IPFamilyConflict");
+        assert_eq!(
+            ConflictReason::IpFamilyConflict.as_str(),
+            "IPFamilyConflict"
+        );
         assert_eq!(ConflictReason::LabelsConflict.to_string(), "LabelsConflict");
-        assert_eq!(ConflictReason::AnnotationsConflict.as_str(), "AnnotationsConflict");
-        assert_eq!(ImportReadyReason::IpFamilyNotSupported.as_str(), "IPFamilyNotSupported");
-        assert_eq!(ValidReason::InvalidServiceType.as_str(), "InvalidServiceType");
+        assert_eq!(
+            ConflictReason::AnnotationsConflict.as_str(),
+            "AnnotationsConflict"
+        );
+        assert_eq!(
+            ImportReadyReason::IpFamilyNotSupported.as_str(),
+            "IPFamilyNotSupported"
+        );
+        assert_eq!(
+            ValidReason::InvalidServiceType.as_str(),
+            "InvalidServiceType"
+        );
         assert_eq!(ConflictReasons::NONE.to_string(), "NoConflicts");
     }
 
@@ -433,7 +452,10 @@ mod tests {
         let mut list = Vec::new();
         let valid = DesiredCondition::new("Valid", ConditionStatus::True, "Valid", "");
         assert!(upsert(&mut list, &valid, Some(1), &t0));
-        assert!(!upsert(&mut list, &valid, Some(1), &t1), "same condition: no change");
+        assert!(
+            !upsert(&mut list, &valid, Some(1), &t1),
+            "same condition: no change"
+        );
         assert_eq!(list[0].last_transition_time, t0);
         let msg = DesiredCondition::new("Valid", ConditionStatus::True, "Valid", "ok");
         assert!(upsert(&mut list, &msg, Some(1), &t1));

@@ -26,7 +26,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use crate::ClusterId;
-use crate::api::{Protocol, ServicePort, ServiceImportType, v1beta1::ServiceImport};
+use crate::api::{Protocol, ServiceImportType, ServicePort, v1beta1::ServiceImport};
 use crate::name::{Hostname, McsName, NameError, PortName, ServiceRef, Zone};
 use crate::slices::{McsSlice, SliceError};
 
@@ -144,7 +144,13 @@ pub struct Answer {
 
 impl Answer {
     fn refused() -> Self {
-        Self { rcode: Rcode::Refused, authoritative: false, answers: vec![], authority: vec![], additionals: vec![] }
+        Self {
+            rcode: Rcode::Refused,
+            authoritative: false,
+            answers: vec![],
+            authority: vec![],
+            additionals: vec![],
+        }
     }
 }
 
@@ -218,7 +224,11 @@ impl ZoneData {
 
     /// Records that namespace `ns` exists (or no longer does) in the local cluster.
     pub fn set_namespace(&mut self, ns: &str, exists: bool) {
-        let changed = if exists { self.namespaces.insert(ns.to_owned()) } else { self.namespaces.remove(ns) };
+        let changed = if exists {
+            self.namespaces.insert(ns.to_owned())
+        } else {
+            self.namespaces.remove(ns)
+        };
         if changed {
             self.bump();
         }
@@ -232,12 +242,22 @@ impl ZoneData {
 
     /// Adds or replaces a ServiceImport.
     pub fn upsert_import(&mut self, import: &ServiceImport) -> Result<(), DnsDataError> {
-        let (svc, object) = service_ref(import.metadata.namespace.as_deref(), import.metadata.name.as_deref())?;
+        let (svc, object) = service_ref(
+            import.metadata.namespace.as_deref(),
+            import.metadata.name.as_deref(),
+        )?;
         let mut ips = Vec::new();
         for ip in import.spec.ips.iter().flatten() {
-            ips.push(ip.parse().map_err(|_| DnsDataError::BadIp { object: object.clone(), ip: ip.clone() })?);
+            ips.push(ip.parse().map_err(|_| DnsDataError::BadIp {
+                object: object.clone(),
+                ip: ip.clone(),
+            })?);
         }
-        let facts = ImportFacts { type_: import.spec.type_, ips, ports: import.spec.ports.clone() };
+        let facts = ImportFacts {
+            type_: import.spec.type_,
+            ips,
+            ports: import.spec.ports.clone(),
+        };
         self.services.entry(svc).or_default().import = Some(facts);
         self.bump();
         Ok(())
@@ -245,7 +265,9 @@ impl ZoneData {
 
     /// Removes a ServiceImport.
     pub fn remove_import(&mut self, namespace: &str, name: &str) {
-        let Ok(svc) = ServiceRef::new(namespace, name) else { return };
+        let Ok(svc) = ServiceRef::new(namespace, name) else {
+            return;
+        };
         if let Some(entry) = self.services.get_mut(&svc) {
             entry.import = None;
             if entry.slices.is_empty() {
@@ -263,14 +285,23 @@ impl ZoneData {
         let (svc, _) = service_ref(Some(&ns), Some(parsed.service.as_str()))?;
         self.remove_slice(&ns, &name);
         self.slice_owner.insert((ns, name.clone()), svc.clone());
-        self.services.entry(svc).or_default().slices.insert(name, parsed);
+        self.services
+            .entry(svc)
+            .or_default()
+            .slices
+            .insert(name, parsed);
         self.bump();
         Ok(())
     }
 
     /// Removes an EndpointSlice.
     pub fn remove_slice(&mut self, namespace: &str, name: &str) {
-        let Some(svc) = self.slice_owner.remove(&(namespace.to_owned(), name.to_owned())) else { return };
+        let Some(svc) = self
+            .slice_owner
+            .remove(&(namespace.to_owned(), name.to_owned()))
+        else {
+            return;
+        };
         if let Some(entry) = self.services.get_mut(&svc) {
             entry.slices.remove(name);
             if entry.slices.is_empty() && entry.import.is_none() {
@@ -286,15 +317,27 @@ impl ZoneData {
         if !self.zone.contains(qname) {
             return Answer::refused();
         }
-        let owner = if qname.ends_with('.') { qname.to_owned() } else { format!("{qname}.") };
+        let owner = if qname.ends_with('.') {
+            qname.to_owned()
+        } else {
+            format!("{qname}.")
+        };
         if qtype == QueryType::Transfer {
-            return Answer { rcode: Rcode::NotImp, ..self.empty(Rcode::NotImp) };
+            return Answer {
+                rcode: Rcode::NotImp,
+                ..self.empty(Rcode::NotImp)
+            };
         }
         let name = match McsName::parse(qname, &self.zone) {
             Ok(name) => name,
             Err(_) => return self.negative(Rcode::NxDomain),
         };
-        let mut out = Builder { owner: &owner, ttl: self.ttl, answers: vec![], additionals: vec![] };
+        let mut out = Builder {
+            owner: &owner,
+            ttl: self.ttl,
+            answers: vec![],
+            additionals: vec![],
+        };
         let exists = match &name {
             McsName::Apex => {
                 match qtype {
@@ -313,10 +356,16 @@ impl ZoneData {
             McsName::SvcZone => true,
             McsName::Namespace(ns) => self.namespaces.contains(ns.as_str()),
             McsName::Service(svc) => self.service(svc, qtype, &mut out),
-            McsName::Srv { port, protocol, service } => self.named_srv(service, port, *protocol, qtype, &mut out),
-            McsName::Endpoint { hostname, cluster, service } => {
-                self.endpoint(service, hostname, cluster, qtype, &mut out)
-            }
+            McsName::Srv {
+                port,
+                protocol,
+                service,
+            } => self.named_srv(service, port, *protocol, qtype, &mut out),
+            McsName::Endpoint {
+                hostname,
+                cluster,
+                service,
+            } => self.endpoint(service, hostname, cluster, qtype, &mut out),
         };
         if !exists {
             return self.negative(Rcode::NxDomain);
@@ -334,16 +383,27 @@ impl ZoneData {
     }
 
     fn service(&self, svc: &ServiceRef, qtype: QueryType, out: &mut Builder<'_>) -> bool {
-        let Some((entry, import)) = self.import(svc) else { return false };
+        let Some((entry, import)) = self.import(svc) else {
+            return false;
+        };
         match import.type_ {
             ServiceImportType::ClusterSetIp => {
                 out.addresses(import.ips.iter().copied(), qtype);
                 if qtype == QueryType::Srv {
                     let target = svc.to_fqdn(&self.zone);
-                    let ports: BTreeSet<u16> = import.ports.iter().filter_map(|p| u16::try_from(p.port).ok()).collect();
+                    let ports: BTreeSet<u16> = import
+                        .ports
+                        .iter()
+                        .filter_map(|p| u16::try_from(p.port).ok())
+                        .collect();
                     let weight = weight(ports.len());
                     for port in ports {
-                        out.push(RData::Srv { priority: 0, weight, port, target: target.clone() });
+                        out.push(RData::Srv {
+                            priority: 0,
+                            weight,
+                            port,
+                            target: target.clone(),
+                        });
                     }
                     out.additional_addresses(&target, import.ips.iter().copied());
                 }
@@ -354,11 +414,18 @@ impl ZoneData {
                 if ready.is_empty() {
                     return false;
                 }
-                out.addresses(ready.iter().flat_map(|(_, ep)| ep.addresses.iter().copied()), qtype);
+                out.addresses(
+                    ready
+                        .iter()
+                        .flat_map(|(_, ep)| ep.addresses.iter().copied()),
+                    qtype,
+                );
                 if qtype == QueryType::Srv {
                     let mut seen = BTreeSet::new();
                     for (slice, ep) in &ready {
-                        let Some(target) = self.endpoint_target(svc, &slice.cluster, ep) else { continue };
+                        let Some(target) = self.endpoint_target(svc, &slice.cluster, ep) else {
+                            continue;
+                        };
                         for p in &slice.data.ports {
                             seen.insert((target.clone(), p.port));
                         }
@@ -366,7 +433,12 @@ impl ZoneData {
                     }
                     let w = weight(seen.len());
                     for (target, port) in seen {
-                        out.push(RData::Srv { priority: 0, weight: w, port, target });
+                        out.push(RData::Srv {
+                            priority: 0,
+                            weight: w,
+                            port,
+                            target,
+                        });
                     }
                 }
                 true
@@ -374,18 +446,37 @@ impl ZoneData {
         }
     }
 
-    fn named_srv(&self, svc: &ServiceRef, port: &PortName, protocol: Protocol, qtype: QueryType, out: &mut Builder<'_>) -> bool {
-        let Some((entry, import)) = self.import(svc) else { return false };
-        let matches = |name: Option<&str>, proto: Protocol| name == Some(port.as_str()) && proto == protocol;
+    fn named_srv(
+        &self,
+        svc: &ServiceRef,
+        port: &PortName,
+        protocol: Protocol,
+        qtype: QueryType,
+        out: &mut Builder<'_>,
+    ) -> bool {
+        let Some((entry, import)) = self.import(svc) else {
+            return false;
+        };
+        let matches =
+            |name: Option<&str>, proto: Protocol| name == Some(port.as_str()) && proto == protocol;
         match import.type_ {
             ServiceImportType::ClusterSetIp => {
-                let Some(p) = import.ports.iter().find(|p| matches(p.name.as_deref(), p.protocol_or_default())) else {
+                let Some(p) = import
+                    .ports
+                    .iter()
+                    .find(|p| matches(p.name.as_deref(), p.protocol_or_default()))
+                else {
                     return false;
                 };
                 if qtype == QueryType::Srv {
                     let target = svc.to_fqdn(&self.zone);
                     if let Ok(number) = u16::try_from(p.port) {
-                        out.push(RData::Srv { priority: 0, weight: 100, port: number, target: target.clone() });
+                        out.push(RData::Srv {
+                            priority: 0,
+                            weight: 100,
+                            port: number,
+                            target: target.clone(),
+                        });
                         out.additional_addresses(&target, import.ips.iter().copied());
                     }
                 }
@@ -395,10 +486,17 @@ impl ZoneData {
                 let mut seen = BTreeSet::new();
                 let mut addresses = Vec::new();
                 for (slice, ep) in ready_endpoints(entry) {
-                    let Some(p) = slice.data.ports.iter().find(|p| matches(Some(p.name.as_str()), p.protocol)) else {
+                    let Some(p) = slice
+                        .data
+                        .ports
+                        .iter()
+                        .find(|p| matches(Some(p.name.as_str()), p.protocol))
+                    else {
                         continue;
                     };
-                    let Some(target) = self.endpoint_target(svc, &slice.cluster, ep) else { continue };
+                    let Some(target) = self.endpoint_target(svc, &slice.cluster, ep) else {
+                        continue;
+                    };
                     seen.insert((target.clone(), p.port));
                     addresses.push((target, ep.addresses.clone()));
                 }
@@ -408,7 +506,12 @@ impl ZoneData {
                 if qtype == QueryType::Srv {
                     let w = weight(seen.len());
                     for (target, port) in seen {
-                        out.push(RData::Srv { priority: 0, weight: w, port, target });
+                        out.push(RData::Srv {
+                            priority: 0,
+                            weight: w,
+                            port,
+                            target,
+                        });
                     }
                     for (target, addrs) in addresses {
                         out.additional_addresses(&target, addrs);
@@ -419,8 +522,17 @@ impl ZoneData {
         }
     }
 
-    fn endpoint(&self, svc: &ServiceRef, hostname: &Hostname, cluster: &ClusterId, qtype: QueryType, out: &mut Builder<'_>) -> bool {
-        let Some((entry, import)) = self.import(svc) else { return false };
+    fn endpoint(
+        &self,
+        svc: &ServiceRef,
+        hostname: &Hostname,
+        cluster: &ClusterId,
+        qtype: QueryType,
+        out: &mut Builder<'_>,
+    ) -> bool {
+        let Some((entry, import)) = self.import(svc) else {
+            return false;
+        };
         if import.type_ != ServiceImportType::Headless {
             return false;
         }
@@ -442,7 +554,12 @@ impl ZoneData {
         Some((entry, entry.import.as_ref()?))
     }
 
-    fn endpoint_target(&self, svc: &ServiceRef, cluster: &ClusterId, ep: &crate::slices::SliceEndpoint) -> Option<String> {
+    fn endpoint_target(
+        &self,
+        svc: &ServiceRef,
+        cluster: &ClusterId,
+        ep: &crate::slices::SliceEndpoint,
+    ) -> Option<String> {
         let host = ep.dns_hostname()?;
         Some(format!("{host}.{cluster}.{}", svc.to_fqdn(&self.zone)))
     }
@@ -468,11 +585,20 @@ impl ZoneData {
     }
 
     fn empty(&self, rcode: Rcode) -> Answer {
-        Answer { rcode, authoritative: true, answers: vec![], authority: vec![], additionals: vec![] }
+        Answer {
+            rcode,
+            authoritative: true,
+            answers: vec![],
+            authority: vec![],
+            additionals: vec![],
+        }
     }
 
     fn negative(&self, rcode: Rcode) -> Answer {
-        Answer { authority: vec![self.soa()], ..self.empty(rcode) }
+        Answer {
+            authority: vec![self.soa()],
+            ..self.empty(rcode)
+        }
     }
 
     fn bump(&mut self) {
@@ -489,7 +615,11 @@ struct Builder<'a> {
 
 impl Builder<'_> {
     fn push(&mut self, data: RData) {
-        self.answers.push(Record { name: self.owner.to_owned(), ttl: self.ttl, data });
+        self.answers.push(Record {
+            name: self.owner.to_owned(),
+            ttl: self.ttl,
+            data,
+        });
     }
 
     /// A and/or AAAA records for `ips`, as `qtype` asks, de-duplicated.
@@ -513,7 +643,11 @@ impl Builder<'_> {
                 IpAddr::V4(v4) => RData::A(v4),
                 IpAddr::V6(v6) => RData::Aaaa(v6),
             };
-            let record = Record { name: target.to_owned(), ttl: self.ttl, data };
+            let record = Record {
+                name: target.to_owned(),
+                ttl: self.ttl,
+                data,
+            };
             if !self.additionals.contains(&record) {
                 self.additionals.push(record);
             }
@@ -521,8 +655,16 @@ impl Builder<'_> {
     }
 }
 
-fn ready_endpoints(entry: &ServiceEntry) -> impl Iterator<Item = (&McsSlice, &crate::slices::SliceEndpoint)> {
-    entry.slices.values().flat_map(|s| s.data.endpoints.iter().filter(|e| e.ready).map(move |e| (s, e)))
+fn ready_endpoints(
+    entry: &ServiceEntry,
+) -> impl Iterator<Item = (&McsSlice, &crate::slices::SliceEndpoint)> {
+    entry.slices.values().flat_map(|s| {
+        s.data
+            .endpoints
+            .iter()
+            .filter(|e| e.ready)
+            .map(move |e| (s, e))
+    })
 }
 
 fn weight(n: usize) -> u16 {
@@ -532,7 +674,9 @@ fn weight(n: usize) -> u16 {
 fn service_ref(ns: Option<&str>, name: Option<&str>) -> Result<(ServiceRef, String), DnsDataError> {
     let (ns, name) = (ns.unwrap_or(""), name.unwrap_or(""));
     let object = format!("{ns}/{name}");
-    ServiceRef::new(ns, name).map(|s| (s, object.clone())).map_err(|source| DnsDataError::Name { object, source })
+    ServiceRef::new(ns, name)
+        .map(|s| (s, object.clone()))
+        .map_err(|source| DnsDataError::Name { object, source })
 }
 
 #[cfg(test)]

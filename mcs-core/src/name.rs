@@ -77,7 +77,9 @@ pub enum NameError {
         name: String,
     },
     /// The label right under the zone is not `svc`.
-    #[error("name {name:?} is not a service name: expected `svc` right under the zone, found {found:?}")]
+    #[error(
+        "name {name:?} is not a service name: expected `svc` right under the zone, found {found:?}"
+    )]
     NotService {
         /// The input.
         name: String,
@@ -93,7 +95,9 @@ pub enum NameError {
         count: usize,
     },
     /// `<clusterid>.<svc>.<ns>.svc.<zone>`: reserved, never answered.
-    #[error("name {name:?} targets one cluster of a service; per-cluster service names are reserved by the MCS DNS spec")]
+    #[error(
+        "name {name:?} targets one cluster of a service; per-cluster service names are reserved by the MCS DNS spec"
+    )]
     ClusterScoped {
         /// The input.
         name: String,
@@ -127,7 +131,10 @@ impl Zone {
     /// Validates a zone (case-insensitive, trailing dot optional).
     pub fn new(zone: &str) -> Result<Self, NameError> {
         let lower = zone.trim_end_matches('.').to_ascii_lowercase();
-        let problem = |p: String| NameError::Zone { zone: zone.to_owned(), problem: p };
+        let problem = |p: String| NameError::Zone {
+            zone: zone.to_owned(),
+            problem: p,
+        };
         if lower.is_empty() {
             return Err(problem("empty".into()));
         }
@@ -139,7 +146,10 @@ impl Zone {
             check_rfc1123_label(label).map_err(|e| problem(format!("label {label:?} {e}")))?;
             labels += 1;
         }
-        Ok(Self { name: lower.into_boxed_str(), labels })
+        Ok(Self {
+            name: lower.into_boxed_str(),
+            labels,
+        })
     }
 
     /// The zone without a trailing dot, lowercase.
@@ -166,7 +176,10 @@ impl Zone {
 
 impl Default for Zone {
     fn default() -> Self {
-        Self { name: DEFAULT_ZONE.into(), labels: 2 }
+        Self {
+            name: DEFAULT_ZONE.into(),
+            labels: 2,
+        }
     }
 }
 
@@ -267,8 +280,16 @@ impl Hostname {
             .collect();
         // An IPv6 address may end in `::`, which would end the label with `-`: pad with 0
         // so the label stays valid (`fd00::` -> `fd00--0`).
-        let dashed = if dashed.ends_with('-') { format!("{dashed}0") } else { dashed };
-        let dashed = if dashed.starts_with('-') { format!("0{dashed}") } else { dashed };
+        let dashed = if dashed.ends_with('-') {
+            format!("{dashed}0")
+        } else {
+            dashed
+        };
+        let dashed = if dashed.starts_with('-') {
+            format!("0{dashed}")
+        } else {
+            dashed
+        };
         Self(dashed.into_boxed_str())
     }
 }
@@ -285,7 +306,10 @@ pub struct ServiceRef {
 impl ServiceRef {
     /// Validates both parts.
     pub fn new(namespace: &str, name: &str) -> Result<Self, NameError> {
-        Ok(Self { namespace: Namespace::new(namespace)?, name: ServiceName::new(name)? })
+        Ok(Self {
+            namespace: Namespace::new(namespace)?,
+            name: ServiceName::new(name)?,
+        })
     }
 
     /// `<name>.<namespace>.svc.<zone>.`
@@ -341,10 +365,16 @@ impl McsName {
             return Err(NameError::Empty);
         }
         if trimmed.len() > MAX_NAME_LEN {
-            return Err(NameError::TooLong { name: cut(name), len: trimmed.len() });
+            return Err(NameError::TooLong {
+                name: cut(name),
+                len: trimmed.len(),
+            });
         }
         if !zone.contains(trimmed) {
-            return Err(NameError::OutsideZone { name: name.to_owned(), zone: zone.to_string() });
+            return Err(NameError::OutsideZone {
+                name: name.to_owned(),
+                zone: zone.to_string(),
+            });
         }
         let lower = trimmed.to_ascii_lowercase();
         let rel = &lower[..lower.len() - zone.as_str().len()];
@@ -354,14 +384,19 @@ impl McsName {
         }
         let labels: Vec<&str> = rel.split('.').collect();
         if labels.iter().any(|l| l.is_empty()) {
-            return Err(NameError::EmptyLabel { name: name.to_owned() });
+            return Err(NameError::EmptyLabel {
+                name: name.to_owned(),
+            });
         }
         let (&last, before) = labels.split_last().unwrap_or((&"", &[]));
         if before.is_empty() && last == "dns-version" {
             return Ok(Self::DnsVersion);
         }
         if last != "svc" {
-            return Err(NameError::NotService { name: name.to_owned(), found: last.to_owned() });
+            return Err(NameError::NotService {
+                name: name.to_owned(),
+                found: last.to_owned(),
+            });
         }
         let label = |label: &str, role: &'static str, check: fn(&str) -> Result<(), LabelError>| {
             check(label).map_err(|source| NameError::Label {
@@ -374,7 +409,10 @@ impl McsName {
         let service = |svc: &str, ns: &str| -> Result<ServiceRef, NameError> {
             label(svc, "service name", check_rfc1035_label)?;
             label(ns, "namespace", check_rfc1123_label)?;
-            Ok(ServiceRef { namespace: Namespace(ns.into()), name: ServiceName(svc.into()) })
+            Ok(ServiceRef {
+                namespace: Namespace(ns.into()),
+                name: ServiceName(svc.into()),
+            })
         };
         match *before {
             [] => Ok(Self::SvcZone),
@@ -383,21 +421,36 @@ impl McsName {
                 Ok(Self::Namespace(Namespace(ns.into())))
             }
             [svc, ns] => Ok(Self::Service(service(svc, ns)?)),
-            [_, _, _] => Err(NameError::ClusterScoped { name: name.to_owned() }),
+            [_, _, _] => Err(NameError::ClusterScoped {
+                name: name.to_owned(),
+            }),
             [first, second, svc, ns] if first.starts_with('_') || second.starts_with('_') => {
-                let srv = |problem: String| NameError::Srv { name: name.to_owned(), problem };
+                let srv = |problem: String| NameError::Srv {
+                    name: name.to_owned(),
+                    problem,
+                };
                 let (Some(port), Some(proto)) = (first.strip_prefix('_'), second.strip_prefix('_'))
                 else {
-                    return Err(srv("both the port and the protocol label must start with `_`".into()));
+                    return Err(srv(
+                        "both the port and the protocol label must start with `_`".into(),
+                    ));
                 };
                 label(port, "port name", check_rfc1123_label)?;
                 let protocol = match proto {
                     "tcp" => Protocol::Tcp,
                     "udp" => Protocol::Udp,
                     "sctp" => Protocol::Sctp,
-                    other => return Err(srv(format!("unknown protocol `_{other}`; expected _tcp, _udp or _sctp"))),
+                    other => {
+                        return Err(srv(format!(
+                            "unknown protocol `_{other}`; expected _tcp, _udp or _sctp"
+                        )));
+                    }
                 };
-                Ok(Self::Srv { port: PortName(port.into()), protocol, service: service(svc, ns)? })
+                Ok(Self::Srv {
+                    port: PortName(port.into()),
+                    protocol,
+                    service: service(svc, ns)?,
+                })
             }
             [host, cluster, svc, ns] => {
                 label(host, "hostname", check_rfc1123_label)?;
@@ -408,9 +461,16 @@ impl McsName {
                     role: "cluster id",
                     source: e.source,
                 })?;
-                Ok(Self::Endpoint { hostname: Hostname(host.into()), cluster, service: service(svc, ns)? })
+                Ok(Self::Endpoint {
+                    hostname: Hostname(host.into()),
+                    cluster,
+                    service: service(svc, ns)?,
+                })
             }
-            _ => Err(NameError::TooManyLabels { name: cut(name), count: before.len() }),
+            _ => Err(NameError::TooManyLabels {
+                name: cut(name),
+                count: before.len(),
+            }),
         }
     }
 
@@ -422,10 +482,22 @@ impl McsName {
             Self::SvcZone => format!("svc.{zone}."),
             Self::Namespace(ns) => format!("{ns}.svc.{zone}."),
             Self::Service(svc) => svc.to_fqdn(zone),
-            Self::Srv { port, protocol, service } => {
-                format!("_{port}._{}.{}", protocol.as_str().to_ascii_lowercase(), service.to_fqdn(zone))
+            Self::Srv {
+                port,
+                protocol,
+                service,
+            } => {
+                format!(
+                    "_{port}._{}.{}",
+                    protocol.as_str().to_ascii_lowercase(),
+                    service.to_fqdn(zone)
+                )
             }
-            Self::Endpoint { hostname, cluster, service } => {
+            Self::Endpoint {
+                hostname,
+                cluster,
+                service,
+            } => {
                 format!("{hostname}.{cluster}.{}", service.to_fqdn(zone))
             }
         }
@@ -447,14 +519,27 @@ mod tests {
     #[test]
     fn parses_every_form() {
         assert_eq!(parse("clusterset.local").unwrap(), McsName::Apex);
-        assert_eq!(parse("dns-version.clusterset.local.").unwrap(), McsName::DnsVersion);
+        assert_eq!(
+            parse("dns-version.clusterset.local.").unwrap(),
+            McsName::DnsVersion
+        );
         assert_eq!(parse("svc.clusterset.local").unwrap(), McsName::SvcZone);
-        assert!(matches!(parse("loyalty.svc.clusterset.local").unwrap(), McsName::Namespace(_)));
+        assert!(matches!(
+            parse("loyalty.svc.clusterset.local").unwrap(),
+            McsName::Namespace(_)
+        ));
         let svc = ServiceRef::new("loyalty", "loyalty-accrual").unwrap();
-        assert_eq!(parse("loyalty-accrual.loyalty.svc.clusterset.local").unwrap(), McsName::Service(svc.clone()));
+        assert_eq!(
+            parse("loyalty-accrual.loyalty.svc.clusterset.local").unwrap(),
+            McsName::Service(svc.clone())
+        );
         assert_eq!(
             parse("_grpc._tcp.loyalty-accrual.loyalty.svc.clusterset.local.").unwrap(),
-            McsName::Srv { port: PortName::new("grpc").unwrap(), protocol: Protocol::Tcp, service: svc.clone() }
+            McsName::Srv {
+                port: PortName::new("grpc").unwrap(),
+                protocol: Protocol::Tcp,
+                service: svc.clone()
+            }
         );
         assert_eq!(
             parse("web-0.east.loyalty-accrual.loyalty.svc.clusterset.local").unwrap(),
@@ -478,22 +563,55 @@ mod tests {
         ] {
             let name = McsName::parse(s, &zone).unwrap();
             let fqdn = name.to_fqdn(&zone);
-            assert_eq!(fqdn, format!("{}.", s.trim_end_matches('.').to_ascii_lowercase()));
+            assert_eq!(
+                fqdn,
+                format!("{}.", s.trim_end_matches('.').to_ascii_lowercase())
+            );
             assert_eq!(McsName::parse(&fqdn, &zone).unwrap(), name);
         }
     }
 
     #[test]
     fn typed_errors() {
-        assert!(matches!(parse("east.a.b.svc.clusterset.local"), Err(NameError::ClusterScoped { .. })));
-        assert!(matches!(parse("a.b.c.d.e.svc.clusterset.local"), Err(NameError::TooManyLabels { count: 5, .. })));
-        assert!(matches!(parse("a.b.svc.cluster.local"), Err(NameError::OutsideZone { .. })));
-        assert!(matches!(parse("a.b.pod.clusterset.local"), Err(NameError::NotService { .. })));
-        assert!(matches!(parse("a..b.svc.clusterset.local"), Err(NameError::EmptyLabel { .. })));
-        assert!(matches!(parse("_a.b.x.y.svc.clusterset.local"), Err(NameError::Srv { .. })));
-        assert!(matches!(parse("_a._quic.x.y.svc.clusterset.local"), Err(NameError::Srv { .. })));
-        assert!(matches!(parse("1abc.b.svc.clusterset.local"), Err(NameError::Label { role: "service name", .. })));
-        assert!(matches!(parse("notclusterset.local"), Err(NameError::OutsideZone { .. })));
+        assert!(matches!(
+            parse("east.a.b.svc.clusterset.local"),
+            Err(NameError::ClusterScoped { .. })
+        ));
+        assert!(matches!(
+            parse("a.b.c.d.e.svc.clusterset.local"),
+            Err(NameError::TooManyLabels { count: 5, .. })
+        ));
+        assert!(matches!(
+            parse("a.b.svc.cluster.local"),
+            Err(NameError::OutsideZone { .. })
+        ));
+        assert!(matches!(
+            parse("a.b.pod.clusterset.local"),
+            Err(NameError::NotService { .. })
+        ));
+        assert!(matches!(
+            parse("a..b.svc.clusterset.local"),
+            Err(NameError::EmptyLabel { .. })
+        ));
+        assert!(matches!(
+            parse("_a.b.x.y.svc.clusterset.local"),
+            Err(NameError::Srv { .. })
+        ));
+        assert!(matches!(
+            parse("_a._quic.x.y.svc.clusterset.local"),
+            Err(NameError::Srv { .. })
+        ));
+        assert!(matches!(
+            parse("1abc.b.svc.clusterset.local"),
+            Err(NameError::Label {
+                role: "service name",
+                ..
+            })
+        ));
+        assert!(matches!(
+            parse("notclusterset.local"),
+            Err(NameError::OutsideZone { .. })
+        ));
         assert!(matches!(parse(""), Err(NameError::Empty)));
         let long = format!("{}.b.svc.clusterset.local", "a".repeat(64));
         let err = parse(&long).unwrap_err();
@@ -502,9 +620,18 @@ mod tests {
 
     #[test]
     fn dashed_ip_hostnames() {
-        assert_eq!(Hostname::from_ip("10.244.0.5".parse().unwrap()).as_str(), "10-244-0-5");
-        assert_eq!(Hostname::from_ip("fd00::5".parse().unwrap()).as_str(), "fd00--5");
-        assert_eq!(Hostname::from_ip("fd00::".parse().unwrap()).as_str(), "fd00--0");
+        assert_eq!(
+            Hostname::from_ip("10.244.0.5".parse().unwrap()).as_str(),
+            "10-244-0-5"
+        );
+        assert_eq!(
+            Hostname::from_ip("fd00::5".parse().unwrap()).as_str(),
+            "fd00--5"
+        );
+        assert_eq!(
+            Hostname::from_ip("fd00::".parse().unwrap()).as_str(),
+            "fd00--0"
+        );
         assert_eq!(Hostname::from_ip("::1".parse().unwrap()).as_str(), "0--1");
     }
 
@@ -515,6 +642,9 @@ mod tests {
         assert!(zone.contains("a.b.svc.EXAMPLE.org."));
         assert!(!zone.contains("a.b.svc.xexample.org"));
         assert!(Zone::new("bad_zone").is_err());
-        assert!(matches!(McsName::parse("a.b.svc.example.org", &zone).unwrap(), McsName::Service(_)));
+        assert!(matches!(
+            McsName::parse("a.b.svc.example.org", &zone).unwrap(),
+            McsName::Service(_)
+        ));
     }
 }

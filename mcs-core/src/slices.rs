@@ -70,7 +70,9 @@ impl SliceEndpoint {
     /// The endpoint's DNS hostname: its hostname, or its first address dashed
     /// (`10-244-0-5`) when it has none.
     pub fn dns_hostname(&self) -> Option<Hostname> {
-        self.hostname.clone().or_else(|| self.addresses.first().map(|ip| Hostname::from_ip(*ip)))
+        self.hostname
+            .clone()
+            .or_else(|| self.addresses.first().map(|ip| Hostname::from_ip(*ip)))
     }
 }
 
@@ -130,7 +132,11 @@ impl SliceEndpoints {
                     None => Protocol::Tcp,
                     Some(s) => Protocol::parse(s)?,
                 };
-                Some(SlicePort { name: p.name.clone().unwrap_or_default(), port, protocol })
+                Some(SlicePort {
+                    name: p.name.clone().unwrap_or_default(),
+                    port,
+                    protocol,
+                })
             })
             .collect();
         Ok(Self { endpoints, ports })
@@ -153,10 +159,12 @@ impl McsSlice {
     pub fn parse(slice: &EndpointSlice) -> Result<Self, SliceError> {
         let labels = slice.metadata.labels.as_ref();
         let label = |key: &'static str| {
-            labels.and_then(|l| l.get(key)).ok_or_else(|| SliceError::MissingLabel {
-                slice: slice_name(slice),
-                label: key,
-            })
+            labels
+                .and_then(|l| l.get(key))
+                .ok_or_else(|| SliceError::MissingLabel {
+                    slice: slice_name(slice),
+                    label: key,
+                })
         };
         let service_value = label(LABEL_SERVICE_NAME)?;
         let service = ServiceName::new(service_value).map_err(|e| SliceError::BadLabel {
@@ -172,7 +180,11 @@ impl McsSlice {
             value: cluster_value.clone(),
             problem: e.source.to_string(),
         })?;
-        Ok(Self { service, cluster, data: SliceEndpoints::parse(slice)? })
+        Ok(Self {
+            service,
+            cluster,
+            data: SliceEndpoints::parse(slice)?,
+        })
     }
 }
 
@@ -200,47 +212,99 @@ mod tests {
             metadata: ObjectMeta {
                 name: Some("imported-hello-east".into()),
                 namespace: Some("demo".into()),
-                labels: Some(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>()),
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect::<BTreeMap<_, _>>(),
+                ),
                 ..Default::default()
             },
             endpoints: vec![
-                Endpoint { addresses: vec!["10.0.0.1".into()], ..Default::default() },
+                Endpoint {
+                    addresses: vec!["10.0.0.1".into()],
+                    ..Default::default()
+                },
                 Endpoint {
                     addresses: vec!["10.0.0.2".into(), "not-an-ip".into()],
                     hostname: Some("web-1".into()),
-                    conditions: Some(EndpointConditions { ready: Some(false), terminating: Some(true), ..Default::default() }),
+                    conditions: Some(EndpointConditions {
+                        ready: Some(false),
+                        terminating: Some(true),
+                        ..Default::default()
+                    }),
                     zone: Some("z1".into()),
                     ..Default::default()
                 },
             ],
             ports: Some(vec![
-                EndpointPort { name: Some("tcp".into()), port: Some(42), protocol: Some("TCP".into()), ..Default::default() },
-                EndpointPort { name: Some("bad".into()), port: Some(70000), ..Default::default() },
+                EndpointPort {
+                    name: Some("tcp".into()),
+                    port: Some(42),
+                    protocol: Some("TCP".into()),
+                    ..Default::default()
+                },
+                EndpointPort {
+                    name: Some("bad".into()),
+                    port: Some(70000),
+                    ..Default::default()
+                },
             ]),
         }
     }
 
     #[test]
     fn parses_mcs_slices() {
-        let s = McsSlice::parse(&slice(&[(LABEL_SERVICE_NAME, "hello"), (LABEL_SOURCE_CLUSTER, "east")])).unwrap();
+        let s = McsSlice::parse(&slice(&[
+            (LABEL_SERVICE_NAME, "hello"),
+            (LABEL_SOURCE_CLUSTER, "east"),
+        ]))
+        .unwrap();
         assert_eq!(s.cluster.as_str(), "east");
         assert_eq!(s.data.endpoints.len(), 2);
         assert!(s.data.endpoints[0].ready, "missing conditions mean ready");
         assert!(!s.data.endpoints[1].ready && s.data.endpoints[1].terminating);
         assert_eq!(s.data.endpoints[1].addresses.len(), 1);
-        assert_eq!(s.data.endpoints[0].dns_hostname().unwrap().as_str(), "10-0-0-1");
-        assert_eq!(s.data.endpoints[1].dns_hostname().unwrap().as_str(), "web-1");
-        assert_eq!(s.data.ports, vec![SlicePort { name: "tcp".into(), port: 42, protocol: Protocol::Tcp }]);
+        assert_eq!(
+            s.data.endpoints[0].dns_hostname().unwrap().as_str(),
+            "10-0-0-1"
+        );
+        assert_eq!(
+            s.data.endpoints[1].dns_hostname().unwrap().as_str(),
+            "web-1"
+        );
+        assert_eq!(
+            s.data.ports,
+            vec![SlicePort {
+                name: "tcp".into(),
+                port: 42,
+                protocol: Protocol::Tcp
+            }]
+        );
     }
 
     #[test]
     fn typed_errors_name_the_slice() {
         let err = McsSlice::parse(&slice(&[(LABEL_SERVICE_NAME, "hello")])).unwrap_err();
-        assert!(err.to_string().contains("demo/imported-hello-east") && err.to_string().contains("source-cluster"), "{err}");
-        let err = McsSlice::parse(&slice(&[(LABEL_SERVICE_NAME, "hello"), (LABEL_SOURCE_CLUSTER, "East")])).unwrap_err();
+        assert!(
+            err.to_string().contains("demo/imported-hello-east")
+                && err.to_string().contains("source-cluster"),
+            "{err}"
+        );
+        let err = McsSlice::parse(&slice(&[
+            (LABEL_SERVICE_NAME, "hello"),
+            (LABEL_SOURCE_CLUSTER, "East"),
+        ]))
+        .unwrap_err();
         assert!(matches!(err, SliceError::BadLabel { .. }), "{err}");
-        let mut fqdn = slice(&[(LABEL_SERVICE_NAME, "hello"), (LABEL_SOURCE_CLUSTER, "east")]);
+        let mut fqdn = slice(&[
+            (LABEL_SERVICE_NAME, "hello"),
+            (LABEL_SOURCE_CLUSTER, "east"),
+        ]);
         fqdn.address_type = "FQDN".into();
-        assert!(matches!(McsSlice::parse(&fqdn), Err(SliceError::AddressType { .. })));
+        assert!(matches!(
+            McsSlice::parse(&fqdn),
+            Err(SliceError::AddressType { .. })
+        ));
     }
 }

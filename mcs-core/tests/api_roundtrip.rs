@@ -31,7 +31,8 @@ fn upstream_demo_imports_round_trip() {
     let plain: v1beta1::ServiceImport = assert_round_trip(&upstream("mcs-api/serviceimport.yaml"));
     assert_eq!(plain.spec.type_, api::ServiceImportType::ClusterSetIp);
     assert_eq!(plain.spec.ports[0].protocol, Some(api::Protocol::Tcp));
-    let vip: v1beta1::ServiceImport = assert_round_trip(&upstream("mcs-api/serviceimport-with-vip.yaml"));
+    let vip: v1beta1::ServiceImport =
+        assert_round_trip(&upstream("mcs-api/serviceimport-with-vip.yaml"));
     assert_eq!(vip.spec.ips.as_deref(), Some(&["1.2.3.4".to_owned()][..]));
 }
 
@@ -98,10 +99,16 @@ status: {}
 #[test]
 fn full_objects_round_trip_in_both_versions() {
     let export: v1beta1::ServiceExport = assert_round_trip(FULL_EXPORT);
-    assert_eq!(export.spec.exported_labels.as_ref().unwrap()["tier"], "gold");
+    assert_eq!(
+        export.spec.exported_labels.as_ref().unwrap()["tier"],
+        "gold"
+    );
     let import: v1beta1::ServiceImport = assert_round_trip(FULL_IMPORT);
     assert_eq!(import.spec.ports.len(), 3);
-    assert_eq!(import.status.as_ref().unwrap().endpoint_slice_objects, Some(api::EndpointSliceObjects::Present));
+    assert_eq!(
+        import.status.as_ref().unwrap().endpoint_slice_objects,
+        Some(api::EndpointSliceObjects::Present)
+    );
     let property: v1beta1::ClusterProperty = assert_round_trip(FULL_PROPERTY);
     assert_eq!(property.spec.value, "east");
 
@@ -117,10 +124,15 @@ fn full_objects_round_trip_in_both_versions() {
 
 #[test]
 fn export_without_spec_is_valid_and_ports_always_serialise() {
-    let export: v1beta1::ServiceExport =
-        decode_yaml("apiVersion: multicluster.x-k8s.io/v1beta1\nkind: ServiceExport\nmetadata: {name: hello}\n").unwrap();
+    let export: v1beta1::ServiceExport = decode_yaml(
+        "apiVersion: multicluster.x-k8s.io/v1beta1\nkind: ServiceExport\nmetadata: {name: hello}\n",
+    )
+    .unwrap();
     assert_eq!(export.spec, api::ServiceExportSpec::default());
-    let import = v1beta1::ServiceImport::new("hello", api::ServiceImportSpec::new(api::ServiceImportType::Headless));
+    let import = v1beta1::ServiceImport::new(
+        "hello",
+        api::ServiceImportSpec::new(api::ServiceImportType::Headless),
+    );
     let json = serde_json::to_value(&import).unwrap();
     assert_eq!(json["spec"]["ports"], serde_json::json!([]));
     assert_eq!(json["apiVersion"], "multicluster.x-k8s.io/v1beta1");
@@ -130,12 +142,27 @@ fn export_without_spec_is_valid_and_ports_always_serialise() {
 #[test]
 fn resource_metadata_is_right_for_kube() {
     use k8s_openapi::Resource;
-    assert_eq!(v1beta1::ServiceImport::API_VERSION, "multicluster.x-k8s.io/v1beta1");
-    assert_eq!(v1alpha1::ServiceExport::API_VERSION, "multicluster.x-k8s.io/v1alpha1");
+    assert_eq!(
+        v1beta1::ServiceImport::API_VERSION,
+        "multicluster.x-k8s.io/v1beta1"
+    );
+    assert_eq!(
+        v1alpha1::ServiceExport::API_VERSION,
+        "multicluster.x-k8s.io/v1alpha1"
+    );
     assert_eq!(v1beta1::ServiceExport::URL_PATH_SEGMENT, "serviceexports");
-    assert_eq!(v1beta1::ClusterProperty::URL_PATH_SEGMENT, "clusterproperties");
-    assert_eq!(<v1beta1::ClusterProperty as kube_core::Resource>::plural(&()), "clusterproperties");
-    assert_eq!(<v1beta1::ServiceImport as kube_core::Resource>::kind(&()), "ServiceImport");
+    assert_eq!(
+        v1beta1::ClusterProperty::URL_PATH_SEGMENT,
+        "clusterproperties"
+    );
+    assert_eq!(
+        <v1beta1::ClusterProperty as kube_core::Resource>::plural(&()),
+        "clusterproperties"
+    );
+    assert_eq!(
+        <v1beta1::ServiceImport as kube_core::Resource>::kind(&()),
+        "ServiceImport"
+    );
 }
 
 fn decode_err<T: serde::de::DeserializeOwned + std::fmt::Debug>(text: &str) -> DecodeError {
@@ -150,29 +177,53 @@ fn unknown_enum_values_name_the_field() {
     assert!(err.to_string().contains("QUIC"), "{err}");
 
     let bad = FULL_IMPORT.replace("type: ClusterSetIP", "type: ClusterIP");
-    assert_eq!(decode_err::<v1beta1::ServiceImport>(&bad).path(), "spec.type");
+    assert_eq!(
+        decode_err::<v1beta1::ServiceImport>(&bad).path(),
+        "spec.type"
+    );
 
     let bad = FULL_IMPORT.replace("sessionAffinity: ClientIP", "sessionAffinity: Sticky");
-    assert_eq!(decode_err::<v1beta1::ServiceImport>(&bad).path(), "spec.sessionAffinity");
+    assert_eq!(
+        decode_err::<v1beta1::ServiceImport>(&bad).path(),
+        "spec.sessionAffinity"
+    );
 
     let bad = FULL_IMPORT.replace("ipFamilies: [IPv4, IPv6]", "ipFamilies: [IPv4, IPv7]");
-    assert_eq!(decode_err::<v1beta1::ServiceImport>(&bad).path(), "spec.ipFamilies[1]");
+    assert_eq!(
+        decode_err::<v1beta1::ServiceImport>(&bad).path(),
+        "spec.ipFamilies[1]"
+    );
 
-    let bad = FULL_IMPORT.replace("endpointSliceObjects: Present", "endpointSliceObjects: Maybe");
-    assert_eq!(decode_err::<v1beta1::ServiceImport>(&bad).path(), "status.endpointSliceObjects");
+    let bad = FULL_IMPORT.replace(
+        "endpointSliceObjects: Present",
+        "endpointSliceObjects: Maybe",
+    );
+    assert_eq!(
+        decode_err::<v1beta1::ServiceImport>(&bad).path(),
+        "status.endpointSliceObjects"
+    );
 }
 
 #[test]
 fn malformed_documents_are_typed_errors() {
     let err = decode_err::<v1beta1::ServiceImport>("spec: [unclosed");
     assert!(matches!(err, DecodeError::Yaml { .. }), "{err:?}");
-    let err = decode_err::<v1beta1::ServiceImport>(&FULL_IMPORT.replace("port: 9443", "port: nine"));
+    let err =
+        decode_err::<v1beta1::ServiceImport>(&FULL_IMPORT.replace("port: 9443", "port: nine"));
     assert_eq!(err.path(), "spec.ports[0].port");
-    let err = decode_err::<v1beta1::ServiceImport>("apiVersion: multicluster.x-k8s.io/v1beta1\nkind: ServiceImport\nmetadata: {name: x}\n");
+    let err = decode_err::<v1beta1::ServiceImport>(
+        "apiVersion: multicluster.x-k8s.io/v1beta1\nkind: ServiceImport\nmetadata: {name: x}\n",
+    );
     assert!(err.to_string().contains("spec"), "{err}");
-    let err = decode_err::<v1beta1::ServiceImport>(&FULL_IMPORT.replace("kind: ServiceImport", "kind: ServiceExport"));
-    assert!(err.to_string().contains("kind is \"ServiceExport\""), "{err}");
-    let err = decode_err::<v1beta1::ServiceImport>(FULL_IMPORT.replace("/v1beta1", "/v1alpha1").as_str());
+    let err = decode_err::<v1beta1::ServiceImport>(
+        &FULL_IMPORT.replace("kind: ServiceImport", "kind: ServiceExport"),
+    );
+    assert!(
+        err.to_string().contains("kind is \"ServiceExport\""),
+        "{err}"
+    );
+    let err =
+        decode_err::<v1beta1::ServiceImport>(FULL_IMPORT.replace("/v1beta1", "/v1alpha1").as_str());
     assert!(err.to_string().contains("apiVersion"), "{err}");
     let err = decode_json::<v1beta1::ClusterProperty>(r#"{"spec": {"value": 7}}"#).unwrap_err();
     assert_eq!(err.path(), "spec.value");
@@ -181,11 +232,20 @@ fn malformed_documents_are_typed_errors() {
 
 #[test]
 fn cluster_property_value_limits() {
-    let p = v1beta1::ClusterProperty::new("cluster.clusterset.k8s.io", api::ClusterPropertySpec { value: String::new() });
+    let p = v1beta1::ClusterProperty::new(
+        "cluster.clusterset.k8s.io",
+        api::ClusterPropertySpec {
+            value: String::new(),
+        },
+    );
     assert!(p.spec.validate().is_err());
-    let ok = api::ClusterPropertySpec { value: "é".repeat(api::CLUSTER_PROPERTY_VALUE_MAX_CHARS) };
+    let ok = api::ClusterPropertySpec {
+        value: "é".repeat(api::CLUSTER_PROPERTY_VALUE_MAX_CHARS),
+    };
     ok.validate().unwrap();
-    let long = api::ClusterPropertySpec { value: "é".repeat(api::CLUSTER_PROPERTY_VALUE_MAX_CHARS + 1) };
+    let long = api::ClusterPropertySpec {
+        value: "é".repeat(api::CLUSTER_PROPERTY_VALUE_MAX_CHARS + 1),
+    };
     let err = long.validate().unwrap_err();
     assert!(err.to_string().contains("128000"), "{err}");
 }

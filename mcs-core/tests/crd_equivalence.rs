@@ -22,7 +22,8 @@ fn shared_upstream() -> PathBuf {
 }
 
 fn load_yaml(path: PathBuf) -> Value {
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let text =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("parse {}: {e}", path.display()))
 }
 
@@ -78,7 +79,10 @@ fn remove_unreleased(crd_name: &str, schema: &mut Value) {
             .as_object_mut()
             .unwrap()
             .remove(*parts.last().unwrap());
-        assert!(removed.is_some(), "listed addition {addition} is not in the generated CRD");
+        assert!(
+            removed.is_some(),
+            "listed addition {addition} is not in the generated CRD"
+        );
     }
 }
 
@@ -103,11 +107,17 @@ fn first_difference(path: &str, a: &Value, b: &Value) -> Option<String> {
     }
 }
 
-fn assert_equivalent(generated: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition, upstream: Value) {
+fn assert_equivalent(
+    generated: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    upstream: Value,
+) {
     let ours = serde_json::to_value(generated).unwrap();
     let name = ours["metadata"]["name"].as_str().unwrap().to_owned();
     assert_eq!(ours["metadata"]["name"], upstream["metadata"]["name"]);
-    assert_eq!(ours["metadata"]["labels"], upstream["metadata"]["labels"], "{name}: labels");
+    assert_eq!(
+        ours["metadata"]["labels"], upstream["metadata"]["labels"],
+        "{name}: labels"
+    );
     let (os, us) = (&ours["spec"], &upstream["spec"]);
     assert_eq!(os["group"], us["group"], "{name}: group");
     assert_eq!(os["scope"], us["scope"], "{name}: scope");
@@ -116,8 +126,15 @@ fn assert_equivalent(generated: &k8s_openapi::apiextensions_apiserver::pkg::apis
     }
     // listKind defaults to `<kind>List` on the server; upstream sets it only for ClusterProperty.
     let kind = us["names"]["kind"].as_str().unwrap();
-    let upstream_list = us["names"]["listKind"].as_str().map(str::to_owned).unwrap_or(format!("{kind}List"));
-    assert_eq!(os["names"]["listKind"], Value::from(upstream_list), "{name}: listKind");
+    let upstream_list = us["names"]["listKind"]
+        .as_str()
+        .map(str::to_owned)
+        .unwrap_or(format!("{kind}List"));
+    assert_eq!(
+        os["names"]["listKind"],
+        Value::from(upstream_list),
+        "{name}: listKind"
+    );
 
     let ov = os["versions"].as_array().unwrap();
     let uv = us["versions"].as_array().unwrap();
@@ -187,7 +204,8 @@ fn unreleased_additions_are_really_added() {
 #[test]
 fn checked_in_crds_match_the_generator() {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds/mcs-crds.yaml");
-    let checked_in = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let checked_in =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     let generated = crd::to_yaml(&crd::all()).unwrap();
     assert!(
         checked_in == generated,

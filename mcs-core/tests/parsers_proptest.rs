@@ -72,6 +72,10 @@ fn boundary_cases() {
     assert!(ClusterId::new("a".repeat(64)).is_err());
     assert!(ClusterId::new("UPPER").is_err());
     let labels = vec!["a"; 128].join(".");
-    let err = McsName::parse(&format!("{labels}.svc.clusterset.local"), &Zone::default()).unwrap_err();
-    assert!(err.to_string().contains("253") || err.to_string().contains("labels"), "{err}");
+    let err =
+        McsName::parse(&format!("{labels}.svc.clusterset.local"), &Zone::default()).unwrap_err();
+    assert!(
+        err.to_string().contains("253") || err.to_string().contains("labels"),
+        "{err}"
+    );
 }

@@ -19,7 +19,10 @@ use std::time::Duration;
 
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointPort, EndpointSlice};
 use kube::api::{Api, ObjectMeta, PostParams};
-use mcs_core::api::{LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER, Protocol, ServiceImportSpec, ServiceImportType, ServicePort, v1beta1::ServiceImport};
+use mcs_core::api::{
+    LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER, Protocol, ServiceImportSpec, ServiceImportType,
+    ServicePort, v1beta1::ServiceImport,
+};
 use mcs_kube::dns::{DnsConfig, DnsServer};
 
 const NS: &str = "load";
@@ -27,7 +30,12 @@ const NS: &str = "load";
 fn import(name: &str, type_: ServiceImportType, ip: Option<String>) -> ServiceImport {
     let mut spec = ServiceImportSpec::new(type_);
     spec.ips = ip.map(|ip| vec![ip]);
-    spec.ports = vec![ServicePort { name: Some("http".into()), protocol: Some(Protocol::Tcp), app_protocol: None, port: 80 }];
+    spec.ports = vec![ServicePort {
+        name: Some("http".into()),
+        protocol: Some(Protocol::Tcp),
+        app_protocol: None,
+        port: 80,
+    }];
     let mut si = ServiceImport::new(name, spec);
     si.metadata.namespace = Some(NS.into());
     si
@@ -46,9 +54,18 @@ fn slice(svc: &str, cluster: &str, third: u8) -> EndpointSlice {
             ..Default::default()
         },
         endpoints: (1..=10)
-            .map(|i| Endpoint { addresses: vec![format!("10.{third}.0.{i}")], hostname: Some(format!("{svc}-{i}")), ..Default::default() })
+            .map(|i| Endpoint {
+                addresses: vec![format!("10.{third}.0.{i}")],
+                hostname: Some(format!("{svc}-{i}")),
+                ..Default::default()
+            })
             .collect(),
-        ports: Some(vec![EndpointPort { name: Some("http".into()), port: Some(8080), protocol: Some("TCP".into()), ..Default::default() }]),
+        ports: Some(vec![EndpointPort {
+            name: Some("http".into()),
+            port: Some(8080),
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
     }
 }
 
@@ -57,23 +74,54 @@ async fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let seconds: u64 = std::env::var("MCS_DNSPERF_SECONDS").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
-    let cluster = support::start_cluster("dnsload", support::ClusterOptions { controller_manager: false, install_crds: true }).await;
+    let seconds: u64 = std::env::var("MCS_DNSPERF_SECONDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    let cluster = support::start_cluster(
+        "dnsload",
+        support::ClusterOptions {
+            controller_manager: false,
+            install_crds: true,
+        },
+    )
+    .await;
     let client = cluster.client().await;
     support::create_namespace(&client, NS).await;
     let imports: Api<ServiceImport> = Api::namespaced(client.clone(), NS);
     let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), NS);
     let pp = PostParams::default();
     for i in 0..200u32 {
-        imports.create(&pp, &import(&format!("svc-{i}"), ServiceImportType::ClusterSetIp, Some(format!("10.96.{}.{}", i / 250, i % 250 + 1)))).await.unwrap();
+        imports
+            .create(
+                &pp,
+                &import(
+                    &format!("svc-{i}"),
+                    ServiceImportType::ClusterSetIp,
+                    Some(format!("10.96.{}.{}", i / 250, i % 250 + 1)),
+                ),
+            )
+            .await
+            .unwrap();
     }
     for i in 0..50u8 {
         let name = format!("hl-{i}");
-        imports.create(&pp, &import(&name, ServiceImportType::Headless, None)).await.unwrap();
-        slices.create(&pp, &slice(&name, "east", 100 + i)).await.unwrap();
-        slices.create(&pp, &slice(&name, "west", 150 + i)).await.unwrap();
+        imports
+            .create(&pp, &import(&name, ServiceImportType::Headless, None))
+            .await
+            .unwrap();
+        slices
+            .create(&pp, &slice(&name, "east", 100 + i))
+            .await
+            .unwrap();
+        slices
+            .create(&pp, &slice(&name, "west", 150 + i))
+            .await
+            .unwrap();
     }
-    let server = DnsServer::bind(DnsConfig::default().listen("127.0.0.1:0".parse().unwrap())).await.unwrap();
+    let server = DnsServer::bind(DnsConfig::default().listen("127.0.0.1:0".parse().unwrap()))
+        .await
+        .unwrap();
     let addr = server.local_addr();
     let synced = server.synced();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -82,7 +130,11 @@ async fn main() {
     }));
     support::wait_for("synced", Duration::from_secs(30), || {
         let synced = synced.clone();
-        async move { synced.load(std::sync::atomic::Ordering::Acquire).then_some(()) }
+        async move {
+            synced
+                .load(std::sync::atomic::Ordering::Acquire)
+                .then_some(())
+        }
     })
     .await;
     // Let the watches catch up with every object.
@@ -94,7 +146,12 @@ async fn main() {
             0..=11 => format!("svc-{}.{NS}.svc.clusterset.local A", i % 200),
             12..=14 => format!("hl-{}.{NS}.svc.clusterset.local A", i % 50),
             15 | 16 => format!("hl-{}.{NS}.svc.clusterset.local SRV", i % 50),
-            17 => format!("hl-{}-{}.east.hl-{}.{NS}.svc.clusterset.local A", i % 50, i % 10 + 1, i % 50),
+            17 => format!(
+                "hl-{}-{}.east.hl-{}.{NS}.svc.clusterset.local A",
+                i % 50,
+                i % 10 + 1,
+                i % 50
+            ),
             _ => format!("missing-{i}.{NS}.svc.clusterset.local A"),
         };
         writeln!(queries, "{line}").unwrap();
@@ -106,7 +163,16 @@ async fn main() {
         Command::new("dnsperf")
             .args(["-s", "127.0.0.1", "-p", &port, "-d"])
             .arg(&path)
-            .args(["-l", &seconds.to_string(), "-c", "4", "-T", "1", "-q", "200"])
+            .args([
+                "-l",
+                &seconds.to_string(),
+                "-c",
+                "4",
+                "-T",
+                "1",
+                "-q",
+                "200",
+            ])
             .output()
             .expect("dnsperf (Debian package dnsperf) must be installed")
     })

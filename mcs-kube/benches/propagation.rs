@@ -50,7 +50,10 @@ where
         if f().await {
             return start.elapsed();
         }
-        assert!(start.elapsed() < Duration::from_secs(60), "no propagation within 60 s");
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no propagation within 60 s"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
@@ -69,7 +72,10 @@ async fn main() {
     if std::env::args().any(|a| a == "--list") {
         return; // `cargo bench -- --list` and friends: nothing to list.
     }
-    let runs: usize = std::env::var("MCS_PROPAGATION_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(20);
+    let runs: usize = std::env::var("MCS_PROPAGATION_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
     let set = ClusterSet::start(&["east", "west", "north"], true).await;
     let (east, north) = (set.client(0).clone(), set.client(2).clone());
     support::ensure_fake_node(&east).await;
@@ -79,12 +85,26 @@ async fn main() {
         let ns = format!("prop-{run}");
         set.namespace(&ns).await;
         let ip = format!("192.0.2.{}", 10 + run % 200);
-        support::create_ready_pod(&east, &ns, "accrual-0", &[("app", "accrual")], &ip, &[("tcp", 42), ("udp", 42)]).await;
+        support::create_ready_pod(
+            &east,
+            &ns,
+            "accrual-0",
+            &[("app", "accrual")],
+            &ip,
+            &[("tcp", 42), ("udp", 42)],
+        )
+        .await;
         create_service(&east, &ns, &hello_service("accrual")).await;
         // Wait until east's own slice lists the pod, so only the agent's work is timed.
         support::wait_for("source slice", Duration::from_secs(30), || async {
-            let api: kube::Api<k8s_openapi::api::discovery::v1::EndpointSlice> = kube::Api::namespaced(east.clone(), &ns);
-            let list = api.list(&kube::api::ListParams::default().labels("kubernetes.io/service-name=accrual")).await.ok()?;
+            let api: kube::Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
+                kube::Api::namespaced(east.clone(), &ns);
+            let list = api
+                .list(
+                    &kube::api::ListParams::default().labels("kubernetes.io/service-name=accrual"),
+                )
+                .await
+                .ok()?;
             ready_addresses(&list.items).contains(&ip).then_some(())
         })
         .await;
@@ -92,7 +112,13 @@ async fn main() {
         let started = Instant::now();
         export(&east, &ns, "accrual", None).await;
         poll(|| async {
-            let has_import = kube::Api::<mcs_core::api::v1beta1::ServiceImport>::namespaced(north.clone(), &ns).get_opt("accrual").await.ok().flatten().is_some();
+            let has_import =
+                kube::Api::<mcs_core::api::v1beta1::ServiceImport>::namespaced(north.clone(), &ns)
+                    .get_opt("accrual")
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some();
             has_import && ready_addresses(&mcs_slices(&north, &ns, "accrual").await).contains(&ip)
         })
         .await;
@@ -100,11 +126,20 @@ async fn main() {
 
         let started = Instant::now();
         support::set_pod_status(&east, &ns, "accrual-0", Some(&ip), false).await;
-        poll(|| async { !ready_addresses(&mcs_slices(&north, &ns, "accrual").await).contains(&ip) }).await;
+        poll(|| async {
+            !ready_addresses(&mcs_slices(&north, &ns, "accrual").await).contains(&ip)
+        })
+        .await;
         to_unready.push(started.elapsed());
-        eprintln!("run {run}: export->import {:?}, unready->gone {:?}", to_import[run], to_unready[run]);
+        eprintln!(
+            "run {run}: export->import {:?}, unready->gone {:?}",
+            to_import[run], to_unready[run]
+        );
     }
-    println!("propagation east -> north, {runs} runs, 3 real API servers with kube-controller-manager, {} cores", std::thread::available_parallelism().map_or(0, |n| n.get()));
+    println!(
+        "propagation east -> north, {runs} runs, 3 real API servers with kube-controller-manager, {} cores",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
     report("export -> import", to_import);
     report("unready -> gone", to_unready);
 }

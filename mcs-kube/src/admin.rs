@@ -42,7 +42,10 @@ pub async fn serve(
                 let response = respond(req.uri().path(), &registry, &ready);
                 async move { Ok::<_, Infallible>(response) }
             });
-            if let Err(e) = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await {
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
                 tracing::debug!(error = %e, "admin connection ended");
             }
         });
@@ -64,7 +67,10 @@ fn respond(path: &str, registry: &Mutex<Registry>, ready: &AtomicBool) -> Respon
             let registry = registry.lock().unwrap_or_else(|e| e.into_inner());
             match prometheus_client::encoding::text::encode(&mut text, &registry) {
                 Ok(()) => (StatusCode::OK, text),
-                Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("cannot encode metrics: {e}\n")),
+                Err(e) => (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("cannot encode metrics: {e}\n"),
+                ),
             }
         }
         _ => (StatusCode::NOT_FOUND, "not found\n".to_owned()),
@@ -105,12 +111,19 @@ pub async fn shutdown_signal() {
 
 /// Builds a kube client from an optional kubeconfig path and context (the in-cluster or
 /// default configuration when both are absent).
-pub async fn kube_client(kubeconfig: Option<&std::path::Path>, context: Option<&str>) -> Result<kube::Client, ClientError> {
-    let options = kube::config::KubeConfigOptions { context: context.map(str::to_owned), ..Default::default() };
+pub async fn kube_client(
+    kubeconfig: Option<&std::path::Path>,
+    context: Option<&str>,
+) -> Result<kube::Client, ClientError> {
+    let options = kube::config::KubeConfigOptions {
+        context: context.map(str::to_owned),
+        ..Default::default()
+    };
     let config = match kubeconfig {
         Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| ClientError(format!("cannot read kubeconfig {}: {e}", path.display())))?;
+            let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| {
+                ClientError(format!("cannot read kubeconfig {}: {e}", path.display()))
+            })?;
             kube::Config::from_custom_kubeconfig(kc, &options)
                 .await
                 .map_err(|e| ClientError(format!("kubeconfig {}: {e}", path.display())))?
@@ -118,9 +131,12 @@ pub async fn kube_client(kubeconfig: Option<&std::path::Path>, context: Option<&
         None if context.is_some() => kube::Config::from_kubeconfig(&options)
             .await
             .map_err(|e| ClientError(format!("default kubeconfig: {e}")))?,
-        None => kube::Config::infer().await.map_err(|e| ClientError(format!("no Kubernetes configuration: {e}")))?,
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| ClientError(format!("no Kubernetes configuration: {e}")))?,
     };
-    kube::Client::try_from(config).map_err(|e| ClientError(format!("cannot build a Kubernetes client: {e}")))
+    kube::Client::try_from(config)
+        .map_err(|e| ClientError(format!("cannot build a Kubernetes client: {e}")))
 }
 
 /// A Kubernetes client could not be configured.

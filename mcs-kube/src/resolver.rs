@@ -57,7 +57,9 @@ impl Resolve for KubeResolver {
     fn resolve(&self, target: &Target) -> Resolution {
         let (tx, rx) = mpsc::channel(16);
         tokio::spawn(watch_target(self.client.clone(), target.clone(), tx));
-        Box::pin(stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) }))
+        Box::pin(stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
+        }))
     }
 }
 
@@ -74,7 +76,11 @@ enum Change {
     Error(String),
 }
 
-async fn watch_target(client: kube::Client, target: Target, tx: mpsc::Sender<Result<Update, ResolveError>>) {
+async fn watch_target(
+    client: kube::Client,
+    target: Target,
+    tx: mpsc::Sender<Result<Update, ResolveError>>,
+) {
     let ns = target.service.namespace.as_str();
     let name = target.service.name.as_str();
     let imports = watcher::watcher(
@@ -118,13 +124,19 @@ async fn watch_target(client: kube::Client, target: Target, tx: mpsc::Sender<Res
                 Change::ImportListStart => listing_import = None,
                 Change::SliceListStart => listing_slices.clear(),
                 Change::Error(message) => {
-                    if tx.send(Err(ResolveError::new(&target, message))).await.is_err() {
+                    if tx
+                        .send(Err(ResolveError::new(&target, message)))
+                        .await
+                        .is_err()
+                    {
                         return;
                     }
                 }
             }
         }
-        let Some(update) = state.update(&target) else { continue };
+        let Some(update) = state.update(&target) else {
+            continue;
+        };
         if last_sent.as_ref() == Some(&update) {
             continue;
         }
@@ -172,17 +184,26 @@ impl TargetState {
         if !self.slices_listed {
             return None;
         }
-        let Some(import) = import else { return Some(Update::DoesNotExist) };
+        let Some(import) = import else {
+            return Some(Update::DoesNotExist);
+        };
         // The import's port for the requested service port gives the port name to look
         // for in the slices; an import without that port has no endpoints for it.
-        let Some(port) = import.spec.ports.iter().find(|p| i64::from(p.port) == i64::from(target.port)) else {
+        let Some(port) = import
+            .spec
+            .ports
+            .iter()
+            .find(|p| i64::from(p.port) == i64::from(target.port))
+        else {
             return Some(Update::Reset(Vec::new()));
         };
         let wanted_name = port.name.clone().unwrap_or_default();
         let wanted_protocol = port.protocol_or_default();
         let mut endpoints: HashMap<SocketAddr, Endpoint> = HashMap::new();
         for slice in self.slices.values() {
-            let Ok(parsed) = McsSlice::parse(slice) else { continue };
+            let Ok(parsed) = McsSlice::parse(slice) else {
+                continue;
+            };
             let Some(slice_port) = parsed
                 .data
                 .ports

@@ -20,7 +20,14 @@ fn port_tuples(si: &ServiceImport) -> Vec<(String, String, i32, Option<String>)>
         .spec
         .ports
         .iter()
-        .map(|p| (p.name.clone().unwrap_or_default().to_lowercase(), p.protocol_or_default().as_str().to_owned(), p.port, p.app_protocol.clone()))
+        .map(|p| {
+            (
+                p.name.clone().unwrap_or_default().to_lowercase(),
+                p.protocol_or_default().as_str().to_owned(),
+                p.port,
+                p.app_protocol.clone(),
+            )
+        })
         .collect();
     v.sort();
     v
@@ -34,7 +41,14 @@ fn service_port_tuples(svc: &Service) -> Vec<(String, String, i32, Option<String
         .ports
         .iter()
         .flatten()
-        .map(|p| (p.name.clone().unwrap_or_default().to_lowercase(), p.protocol.clone().unwrap_or_else(|| "TCP".into()), p.port, p.app_protocol.clone()))
+        .map(|p| {
+            (
+                p.name.clone().unwrap_or_default().to_lowercase(),
+                p.protocol.clone().unwrap_or_else(|| "TCP".into()),
+                p.port,
+                p.app_protocol.clone(),
+            )
+        })
         .collect();
     v.sort();
     v
@@ -42,11 +56,25 @@ fn service_port_tuples(svc: &Service) -> Vec<(String, String, i32, Option<String
 
 /// Exports `first_svc` from cluster `first`, waits for the import, pauses 1.1 s, then
 /// exports `second_svc` from cluster `second` (the conformance two-cluster driver).
-async fn two_cluster_export(set: &ClusterSet, first: usize, first_svc: &Service, second: usize, second_svc: &Service, labels: [Option<(&str, &str)>; 2]) {
+async fn two_cluster_export(
+    set: &ClusterSet,
+    first: usize,
+    first_svc: &Service,
+    second: usize,
+    second_svc: &Service,
+    labels: [Option<(&str, &str)>; 2],
+) {
     let name = first_svc.metadata.name.clone().unwrap();
     create_service(set.client(first), NS, first_svc).await;
     export(set.client(first), NS, &name, labels[0]).await;
-    wait_import(set.client(first), NS, &name, "import after the first export", |_| true).await;
+    wait_import(
+        set.client(first),
+        NS,
+        &name,
+        "import after the first export",
+        |_| true,
+    )
+    .await;
     conformance_pause().await;
     create_service(set.client(second), NS, second_svc).await;
     export(set.client(second), NS, &name, labels[1]).await;
@@ -57,7 +85,14 @@ async fn single_export(set: &ClusterSet, svc: &Service) -> ServiceImport {
     create_service(set.client(0), NS, svc).await;
     export(set.client(0), NS, &name, None).await;
     wait_export_condition(set.client(0), NS, &name, "Valid", "True", Some("Valid")).await;
-    wait_import(set.client(1), NS, &name, "import in another cluster", |_| true).await
+    wait_import(
+        set.client(1),
+        NS,
+        &name,
+        "import in another cluster",
+        |_| true,
+    )
+    .await
 }
 
 async fn set3() -> ClusterSet {
@@ -69,18 +104,44 @@ async fn set3() -> ClusterSet {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_01_import_exists_while_at_least_one_cluster_exports() {
     let set = set3().await;
-    two_cluster_export(&set, 0, &hello_service("hello"), 1, &hello_service("hello"), [None, None]).await;
+    two_cluster_export(
+        &set,
+        0,
+        &hello_service("hello"),
+        1,
+        &hello_service("hello"),
+        [None, None],
+    )
+    .await;
     for i in 0..3 {
-        wait_import(set.client(i), NS, "hello", "both clusters listed", |si| si.status.as_ref().and_then(|s| s.clusters.as_ref()).is_some_and(|c| c.len() == 2)).await;
+        wait_import(set.client(i), NS, "hello", "both clusters listed", |si| {
+            si.status
+                .as_ref()
+                .and_then(|s| s.clusters.as_ref())
+                .is_some_and(|c| c.len() == 2)
+        })
+        .await;
     }
     unexport(set.client(0), NS, "hello").await;
     for i in 0..3 {
-        wait_import(set.client(i), NS, "hello", "only west listed", |si| si.status.as_ref().and_then(|s| s.clusters.as_ref()).is_some_and(|c| c.len() == 1 && c[0].cluster == "west")).await;
+        wait_import(set.client(i), NS, "hello", "only west listed", |si| {
+            si.status
+                .as_ref()
+                .and_then(|s| s.clusters.as_ref())
+                .is_some_and(|c| c.len() == 1 && c[0].cluster == "west")
+        })
+        .await;
     }
     hold_import(set.client(2), NS, "hello", true).await;
     unexport(set.client(1), NS, "hello").await;
     for i in 0..3 {
-        wait_no_import(set.client(i), NS, "hello", "import deleted after the last unexport").await;
+        wait_no_import(
+            set.client(i),
+            NS,
+            "hello",
+            "import deleted after the last unexport",
+        )
+        .await;
     }
 }
 
@@ -88,31 +149,78 @@ async fn conformance_01_import_exists_while_at_least_one_cluster_exports() {
 async fn conformance_02_only_exported_labels_and_annotations_propagate() {
     let set = set3().await;
     create_service(set.client(0), NS, &hello_service("hello")).await;
-    export(set.client(0), NS, "hello", Some(("dummy-label", "dummy-value"))).await;
+    export(
+        set.client(0),
+        NS,
+        "hello",
+        Some(("dummy-label", "dummy-value")),
+    )
+    .await;
     for i in 0..3 {
-        let si = wait_import(set.client(i), NS, "hello", "import with exported labels", |si| si.metadata.labels.as_ref().is_some_and(|l| l.contains_key("dummy-label"))).await;
+        let si = wait_import(
+            set.client(i),
+            NS,
+            "hello",
+            "import with exported labels",
+            |si| {
+                si.metadata
+                    .labels
+                    .as_ref()
+                    .is_some_and(|l| l.contains_key("dummy-label"))
+            },
+        )
+        .await;
         let labels = si.metadata.labels.unwrap();
         let annotations = si.metadata.annotations.unwrap_or_default();
         assert_eq!(labels["dummy-label"], "dummy-value");
         assert_eq!(annotations["dummy-label-annotation"], "dummy-value");
         for map in [&labels, &annotations] {
-            assert!(!map.contains_key("dummy-svc"), "the Service's metadata must not propagate: {map:?}");
-            assert!(!map.contains_key("dummy-svcexport"), "the ServiceExport's metadata must not propagate: {map:?}");
+            assert!(
+                !map.contains_key("dummy-svc"),
+                "the Service's metadata must not propagate: {map:?}"
+            );
+            assert!(
+                !map.contains_key("dummy-svcexport"),
+                "the ServiceExport's metadata must not propagate: {map:?}"
+            );
         }
     }
 }
 
 async fn labels_conflict(first: usize, second: usize) {
     let set = set3().await;
-    two_cluster_export(&set, first, &hello_service("hello"), second, &hello_service("hello"), [Some(("label-a", "a")), Some(("label-b", "b"))]).await;
+    two_cluster_export(
+        &set,
+        first,
+        &hello_service("hello"),
+        second,
+        &hello_service("hello"),
+        [Some(("label-a", "a")), Some(("label-b", "b"))],
+    )
+    .await;
     for i in [first, second] {
         let c = wait_export_condition(set.client(i), NS, "hello", "Conflict", "True", None).await;
-        assert!(c.reason.contains("LabelsConflict") && c.reason.contains("AnnotationsConflict"), "{}", c.reason);
+        assert!(
+            c.reason.contains("LabelsConflict") && c.reason.contains("AnnotationsConflict"),
+            "{}",
+            c.reason
+        );
     }
     for i in 0..3 {
-        let si = wait_import(set.client(i), NS, "hello", "winner's labels", |si| si.metadata.labels.as_ref().is_some_and(|l| l.contains_key("label-a"))).await;
+        let si = wait_import(set.client(i), NS, "hello", "winner's labels", |si| {
+            si.metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key("label-a"))
+        })
+        .await;
         assert!(!si.metadata.labels.unwrap().contains_key("label-b"));
-        assert!(!si.metadata.annotations.unwrap_or_default().contains_key("label-b-annotation"));
+        assert!(
+            !si.metadata
+                .annotations
+                .unwrap_or_default()
+                .contains_key("label-b-annotation")
+        );
     }
 }
 
@@ -127,16 +235,28 @@ async fn conformance_03_conflicting_labels_and_annotations_west_first() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn conformance_04_clusterip_export_creates_clustersetip_import_everywhere_and_unexport_deletes_it() {
+async fn conformance_04_clusterip_export_creates_clustersetip_import_everywhere_and_unexport_deletes_it()
+ {
     let set = set3().await;
     single_export(&set, &hello_service("hello")).await;
     for i in 0..3 {
-        let si = wait_import(set.client(i), NS, "hello", "ClusterSetIP import", |si| si.spec.type_ == ServiceImportType::ClusterSetIp).await;
+        let si = wait_import(set.client(i), NS, "hello", "ClusterSetIP import", |si| {
+            si.spec.type_ == ServiceImportType::ClusterSetIp
+        })
+        .await;
         assert_eq!(si.spec.type_, ServiceImportType::ClusterSetIp);
     }
     let ready = wait_export_condition(set.client(0), NS, "hello", "Ready", "True", None).await;
     assert_eq!(ready.reason, "Ready");
-    let conflict = wait_export_condition(set.client(0), NS, "hello", "Conflict", "False", Some("NoConflicts")).await;
+    let conflict = wait_export_condition(
+        set.client(0),
+        NS,
+        "hello",
+        "Conflict",
+        "False",
+        Some("NoConflicts"),
+    )
+    .await;
     assert_eq!(conflict.reason, "NoConflicts");
     unexport(set.client(0), NS, "hello").await;
     for i in 0..3 {
@@ -151,7 +271,15 @@ async fn conformance_05_session_affinity_matches_the_exported_service() {
     for i in 0..3 {
         let si = wait_import(set.client(i), NS, "hello", "import", |_| true).await;
         assert_eq!(si.spec.session_affinity, Some(SessionAffinity::ClientIp));
-        assert_eq!(si.spec.session_affinity_config.unwrap().client_ip.unwrap().timeout_seconds, Some(10));
+        assert_eq!(
+            si.spec
+                .session_affinity_config
+                .unwrap()
+                .client_ip
+                .unwrap()
+                .timeout_seconds,
+            Some(10)
+        );
     }
 }
 
@@ -165,8 +293,14 @@ async fn conformance_06_and_07_traffic_policy_and_distribution_match_the_exporte
     single_export(&set, &svc).await;
     for i in 0..3 {
         let si = wait_import(set.client(i), NS, "hello", "import", |_| true).await;
-        assert_eq!(si.spec.internal_traffic_policy.map(|p| p.as_str()), Some("Cluster"));
-        assert_eq!(si.spec.traffic_distribution.map(|p| p.as_str()), Some("PreferClose"));
+        assert_eq!(
+            si.spec.internal_traffic_policy.map(|p| p.as_str()),
+            Some("Cluster")
+        );
+        assert_eq!(
+            si.spec.traffic_distribution.map(|p| p.as_str()),
+            Some("PreferClose")
+        );
     }
 }
 
@@ -175,7 +309,10 @@ async fn conformance_08_an_ip_per_family_for_clustersetip_imports() {
     let set = set3().await;
     single_export(&set, &hello_service("hello")).await;
     for i in 0..3 {
-        let si = wait_import(set.client(i), NS, "hello", "import with ips", |si| si.spec.ips.as_ref().is_some_and(|v| !v.is_empty())).await;
+        let si = wait_import(set.client(i), NS, "hello", "import with ips", |si| {
+            si.spec.ips.as_ref().is_some_and(|v| !v.is_empty())
+        })
+        .await;
         let ips = si.spec.ips.clone().unwrap();
         let families = si.spec.ip_families.clone().unwrap();
         assert_eq!(ips.len(), families.len());
@@ -184,10 +321,19 @@ async fn conformance_08_an_ip_per_family_for_clustersetip_imports() {
             assert_eq!(ip.is_ipv4(), *family == IpFamily::IPv4, "{ip} vs {family}");
         }
         // The IP is the derived Service's, in this cluster.
-        let derived = si.metadata.annotations.as_ref().unwrap()["multicluster.kubernetes.io/derived-service"].clone();
-        let svc = Api::<Service>::namespaced(set.client(i).clone(), NS).get(&derived).await.unwrap();
+        let derived =
+            si.metadata.annotations.as_ref().unwrap()["multicluster.kubernetes.io/derived-service"]
+                .clone();
+        let svc = Api::<Service>::namespaced(set.client(i).clone(), NS)
+            .get(&derived)
+            .await
+            .unwrap();
         assert_eq!(svc.spec.unwrap().cluster_ips.unwrap(), ips);
-        let ready = si.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|c| c.iter().find(|c| c.type_ == "Ready").cloned());
+        let ready = si
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == "Ready").cloned());
         assert!(ready.is_some(), "Ready condition published");
     }
 }
@@ -196,9 +342,13 @@ async fn conformance_08_an_ip_per_family_for_clustersetip_imports() {
 async fn conformance_09_ports_match_the_exported_service() {
     let set = set3().await;
     let mut svc = hello_service("hello");
-    svc.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].app_protocol = Some("kubernetes.io/h2c".into());
+    svc.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].app_protocol =
+        Some("kubernetes.io/h2c".into());
     single_export(&set, &svc).await;
-    let created = Api::<Service>::namespaced(set.client(0).clone(), NS).get("hello").await.unwrap();
+    let created = Api::<Service>::namespaced(set.client(0).clone(), NS)
+        .get("hello")
+        .await
+        .unwrap();
     for i in 0..3 {
         let si = wait_import(set.client(i), NS, "hello", "import", |_| true).await;
         assert_eq!(port_tuples(&si), service_port_tuples(&created));
@@ -208,20 +358,29 @@ async fn conformance_09_ports_match_the_exported_service() {
 async fn port_union(first: usize, second: usize) {
     let set = set3().await;
     let mut extra = hello_service("hello");
-    extra.spec.as_mut().unwrap().ports.as_mut().unwrap().push(k8s_openapi::api::core::v1::ServicePort {
-        name: Some("stcp".into()),
-        protocol: Some("SCTP".into()),
-        port: 142,
-        ..Default::default()
-    });
-    let (a, b) = if first == 0 { (hello_service("hello"), extra) } else { (extra, hello_service("hello")) };
+    extra.spec.as_mut().unwrap().ports.as_mut().unwrap().push(
+        k8s_openapi::api::core::v1::ServicePort {
+            name: Some("stcp".into()),
+            protocol: Some("SCTP".into()),
+            port: 142,
+            ..Default::default()
+        },
+    );
+    let (a, b) = if first == 0 {
+        (hello_service("hello"), extra)
+    } else {
+        (extra, hello_service("hello"))
+    };
     two_cluster_export(&set, first, &a, second, &b, [None, None]).await;
     for i in [first, second] {
         let c = wait_export_condition(set.client(i), NS, "hello", "Conflict", "True", None).await;
         assert!(c.reason.contains("PortConflict"), "{}", c.reason);
     }
     for i in 0..3 {
-        let si = wait_import(set.client(i), NS, "hello", "union of ports", |si| si.spec.ports.len() == 3).await;
+        let si = wait_import(set.client(i), NS, "hello", "union of ports", |si| {
+            si.spec.ports.len() == 3
+        })
+        .await;
         let names: Vec<String> = port_tuples(&si).into_iter().map(|p| p.0).collect();
         assert_eq!(names, ["stcp", "tcp", "udp"]);
     }
@@ -246,12 +405,23 @@ async fn conformance_11_conflicting_ports_oldest_export_wins() {
     for i in [0, 1] {
         let c = wait_export_condition(set.client(i), NS, "hello", "Conflict", "True", None).await;
         assert!(c.reason.contains("PortConflict"), "{}", c.reason);
-        assert!(c.message.contains("east"), "the message names the winner: {}", c.message);
+        assert!(
+            c.message.contains("east"),
+            "the message names the winner: {}",
+            c.message
+        );
     }
-    let winner = Api::<Service>::namespaced(set.client(0).clone(), NS).get("hello").await.unwrap();
+    let winner = Api::<Service>::namespaced(set.client(0).clone(), NS)
+        .get("hello")
+        .await
+        .unwrap();
     for i in 0..3 {
         let si = wait_import(set.client(i), NS, "hello", "import", |_| true).await;
-        assert_eq!(port_tuples(&si), service_port_tuples(&winner), "the oldest export's ports");
+        assert_eq!(
+            port_tuples(&si),
+            service_port_tuples(&winner),
+            "the oldest export's ports"
+        );
     }
 }
 
@@ -260,7 +430,10 @@ async fn conformance_12_and_13_headless_export_creates_headless_import_without_i
     let set = set3().await;
     single_export(&set, &headless(hello_service("hello"))).await;
     for i in 0..3 {
-        let si = wait_import(set.client(i), NS, "hello", "Headless import", |si| si.spec.type_ == ServiceImportType::Headless).await;
+        let si = wait_import(set.client(i), NS, "hello", "Headless import", |si| {
+            si.spec.type_ == ServiceImportType::Headless
+        })
+        .await;
         assert!(si.spec.ips.as_ref().is_none_or(Vec::is_empty));
     }
     // No IP is allocated for the whole hold time.
@@ -268,7 +441,10 @@ async fn conformance_12_and_13_headless_export_creates_headless_import_without_i
     let end = tokio::time::Instant::now() + HOLD;
     while tokio::time::Instant::now() < end {
         let si = api.get("hello").await.unwrap();
-        assert!(si.spec.ips.as_ref().is_none_or(Vec::is_empty), "headless imports have no ips");
+        assert!(
+            si.spec.ips.as_ref().is_none_or(Vec::is_empty),
+            "headless imports have no ips"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(250)).await;
     }
     unexport(set.client(0), NS, "hello").await;
@@ -281,7 +457,10 @@ async fn conformance_12_and_13_headless_export_creates_headless_import_without_i
 async fn conformance_14_externalname_export_is_invalid_and_imports_nothing() {
     let set = set3().await;
     let svc = Service {
-        metadata: kube::api::ObjectMeta { name: Some("hello".into()), ..Default::default() },
+        metadata: kube::api::ObjectMeta {
+            name: Some("hello".into()),
+            ..Default::default()
+        },
         spec: Some(k8s_openapi::api::core::v1::ServiceSpec {
             type_: Some("ExternalName".into()),
             external_name: Some("example.com".into()),
@@ -302,7 +481,11 @@ async fn headlessness_conflict(first: usize, second: usize) {
     let set = set3().await;
     let (a, b) = (hello_service("hello"), headless(hello_service("hello")));
     let (first_svc, second_svc) = if first == 0 { (a, b) } else { (b, a) };
-    let expected = if first == 0 { ServiceImportType::ClusterSetIp } else { ServiceImportType::Headless };
+    let expected = if first == 0 {
+        ServiceImportType::ClusterSetIp
+    } else {
+        ServiceImportType::Headless
+    };
     two_cluster_export(&set, first, &first_svc, second, &second_svc, [None, None]).await;
     for i in [first, second] {
         let c = wait_export_condition(set.client(i), NS, "hello", "Conflict", "True", None).await;
@@ -331,7 +514,15 @@ async fn conformance_16_endpointslices_with_mcs_labels_everywhere_and_deleted_on
     // Real slices: KCM's endpointslice controller publishes the ready Pods of the Service.
     for (i, ip) in [(0, "192.0.2.10"), (1, "192.0.2.20")] {
         support::ensure_fake_node(set.client(i)).await;
-        support::create_ready_pod(set.client(i), NS, "hello-0", &[("app", "hello")], ip, &[("tcp", 42), ("udp", 42)]).await;
+        support::create_ready_pod(
+            set.client(i),
+            NS,
+            "hello-0",
+            &[("app", "hello")],
+            ip,
+            &[("tcp", 42), ("udp", 42)],
+        )
+        .await;
         create_service(set.client(i), NS, &hello_service("hello")).await;
     }
     export(set.client(0), NS, "hello", None).await;
@@ -344,7 +535,13 @@ async fn conformance_16_endpointslices_with_mcs_labels_everywhere_and_deleted_on
             let clusters: std::collections::BTreeSet<String> = slices
                 .iter()
                 .filter(|s| !s.endpoints.is_empty())
-                .filter_map(|s| s.metadata.labels.as_ref()?.get("multicluster.kubernetes.io/source-cluster").cloned())
+                .filter_map(|s| {
+                    s.metadata
+                        .labels
+                        .as_ref()?
+                        .get("multicluster.kubernetes.io/source-cluster")
+                        .cloned()
+                })
                 .collect();
             (clusters.len() == 2).then_some(slices)
         })
@@ -356,17 +553,36 @@ async fn conformance_16_endpointslices_with_mcs_labels_everywhere_and_deleted_on
             assert_ne!(managed, "endpointslice-controller.k8s.io");
             assert!(!s.endpoints.is_empty());
         }
-        let addrs: Vec<String> = slices.iter().flat_map(|s| s.endpoints.iter().flat_map(|e| e.addresses.clone())).collect();
-        assert!(addrs.contains(&"192.0.2.10".to_string()) && addrs.contains(&"192.0.2.20".to_string()), "{addrs:?}");
-        let si = wait_import(set.client(i), NS, "hello", "endpointSliceObjects Present", |si| {
-            si.status.as_ref().and_then(|s| s.endpoint_slice_objects) == Some(mcs_core::api::EndpointSliceObjects::Present)
-        })
+        let addrs: Vec<String> = slices
+            .iter()
+            .flat_map(|s| s.endpoints.iter().flat_map(|e| e.addresses.clone()))
+            .collect();
+        assert!(
+            addrs.contains(&"192.0.2.10".to_string()) && addrs.contains(&"192.0.2.20".to_string()),
+            "{addrs:?}"
+        );
+        let si = wait_import(
+            set.client(i),
+            NS,
+            "hello",
+            "endpointSliceObjects Present",
+            |si| {
+                si.status.as_ref().and_then(|s| s.endpoint_slice_objects)
+                    == Some(mcs_core::api::EndpointSliceObjects::Present)
+            },
+        )
         .await;
         assert!(si.status.is_some());
     }
     unexport(set.client(0), NS, "hello").await;
     unexport(set.client(1), NS, "hello").await;
     for i in 0..3 {
-        support::wait_for("MCS slices deleted", IMPORT_TIMEOUT, || async { mcs_slices(set.client(i), NS, "hello").await.is_empty().then_some(()) }).await;
+        support::wait_for("MCS slices deleted", IMPORT_TIMEOUT, || async {
+            mcs_slices(set.client(i), NS, "hello")
+                .await
+                .is_empty()
+                .then_some(())
+        })
+        .await;
     }
 }

@@ -14,7 +14,11 @@ use mcs_core::api::v1beta1::ServiceImport;
 const NS: &str = "loyalty";
 
 fn clusters_of(si: &ServiceImport) -> Vec<String> {
-    si.status.as_ref().and_then(|s| s.clusters.as_ref()).map(|c| c.iter().map(|c| c.cluster.clone()).collect()).unwrap_or_default()
+    si.status
+        .as_ref()
+        .and_then(|s| s.clusters.as_ref())
+        .map(|c| c.iter().map(|c| c.cluster.clone()).collect())
+        .unwrap_or_default()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -23,24 +27,40 @@ async fn service_edits_deletion_and_recreation_converge() {
     set.namespace(NS).await;
     create_service(set.client(0), NS, &hello_service("accrual")).await;
     export(set.client(0), NS, "accrual", None).await;
-    wait_import(set.client(2), NS, "accrual", "import", |si| si.spec.ports.len() == 2).await;
+    wait_import(set.client(2), NS, "accrual", "import", |si| {
+        si.spec.ports.len() == 2
+    })
+    .await;
 
     // A port added to the Service after the export reaches every import.
     let mut edited = hello_service("accrual");
-    edited.spec.as_mut().unwrap().ports.as_mut().unwrap().push(k8s_openapi::api::core::v1::ServicePort {
-        name: Some("admin".into()),
-        port: 9090,
-        protocol: Some("TCP".into()),
-        ..Default::default()
-    });
+    edited.spec.as_mut().unwrap().ports.as_mut().unwrap().push(
+        k8s_openapi::api::core::v1::ServicePort {
+            name: Some("admin".into()),
+            port: 9090,
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        },
+    );
     replace_service(set.client(0), NS, edited).await;
     for i in 0..3 {
-        wait_import(set.client(i), NS, "accrual", "edited ports", |si| si.spec.ports.len() == 3).await;
+        wait_import(set.client(i), NS, "accrual", "edited ports", |si| {
+            si.spec.ports.len() == 3
+        })
+        .await;
     }
 
     // The Service deleted: the export turns invalid and the import goes.
     delete_service(set.client(0), NS, "accrual").await;
-    let valid = wait_export_condition(set.client(0), NS, "accrual", "Valid", "False", Some("NoService")).await;
+    let valid = wait_export_condition(
+        set.client(0),
+        NS,
+        "accrual",
+        "Valid",
+        "False",
+        Some("NoService"),
+    )
+    .await;
     assert!(!valid.message.is_empty());
     for i in 0..3 {
         wait_no_import(set.client(i), NS, "accrual", "import gone with the Service").await;
@@ -54,7 +74,10 @@ async fn service_edits_deletion_and_recreation_converge() {
 
     // No loop on its own writes: once converged, the import's resourceVersion stays put.
     let api: Api<ServiceImport> = Api::namespaced(set.client(2).clone(), NS);
-    wait_import(set.client(2), NS, "accrual", "ips allocated", |si| si.spec.ips.is_some()).await;
+    wait_import(set.client(2), NS, "accrual", "ips allocated", |si| {
+        si.spec.ips.is_some()
+    })
+    .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let before = api.get("accrual").await.unwrap().metadata.resource_version;
     tokio::time::sleep(Duration::from_secs(4)).await;
@@ -74,7 +97,14 @@ async fn imports_exist_only_where_the_namespace_exists() {
     hold_import(set.client(2), NS, "accrual", false).await;
     // The namespace appears in north: so does the import.
     support::create_namespace(set.client(2), NS).await;
-    wait_import(set.client(2), NS, "accrual", "import in north once the namespace exists", |_| true).await;
+    wait_import(
+        set.client(2),
+        NS,
+        "accrual",
+        "import in north once the namespace exists",
+        |_| true,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -88,16 +118,36 @@ async fn a_restarted_agent_catches_up_and_equal_timestamps_tie_break_by_cluster_
     headless.metadata.name = Some("accrual".into());
     create_service(set.client(0), NS, &hello_service("accrual")).await;
     create_service(set.client(1), NS, &headless).await;
-    let (a, b) = tokio::join!(export(set.client(1), NS, "accrual", None), export(set.client(0), NS, "accrual", None));
+    let (a, b) = tokio::join!(
+        export(set.client(1), NS, "accrual", None),
+        export(set.client(0), NS, "accrual", None)
+    );
     let tie = a.metadata.creation_timestamp == b.metadata.creation_timestamp;
     wait_import(set.client(0), NS, "accrual", "import in east", |_| true).await;
     hold_import(set.client(2), NS, "accrual", false).await;
     set.start_agent(2);
-    let north = wait_import(set.client(2), NS, "accrual", "import in north after the agent restarts", |si| clusters_of(si).len() == 2).await;
-    let east = wait_import(set.client(0), NS, "accrual", "import in east", |si| clusters_of(si).len() == 2).await;
-    assert_eq!(north.spec.type_, east.spec.type_, "every agent computes the same import");
+    let north = wait_import(
+        set.client(2),
+        NS,
+        "accrual",
+        "import in north after the agent restarts",
+        |si| clusters_of(si).len() == 2,
+    )
+    .await;
+    let east = wait_import(set.client(0), NS, "accrual", "import in east", |si| {
+        clusters_of(si).len() == 2
+    })
+    .await;
+    assert_eq!(
+        north.spec.type_, east.spec.type_,
+        "every agent computes the same import"
+    );
     if tie {
-        assert_eq!(north.spec.type_, mcs_core::api::ServiceImportType::ClusterSetIp, "equal timestamps: east (lowest id) wins");
+        assert_eq!(
+            north.spec.type_,
+            mcs_core::api::ServiceImportType::ClusterSetIp,
+            "equal timestamps: east (lowest id) wins"
+        );
     }
     for i in [0, 1] {
         wait_export_condition(set.client(i), NS, "accrual", "Conflict", "True", None).await;
@@ -106,24 +156,59 @@ async fn a_restarted_agent_catches_up_and_equal_timestamps_tie_break_by_cluster_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_member_keeps_its_endpoints_for_the_grace_period_then_returns() {
-    let mut set = ClusterSet::start_with(&["east", "west", "north"], false, Duration::from_secs(4)).await;
+    let mut set =
+        ClusterSet::start_with(&["east", "west", "north"], false, Duration::from_secs(4)).await;
     set.namespace(NS).await;
     for i in [0, 1] {
         create_service(set.client(i), NS, &hello_service("accrual")).await;
         export(set.client(i), NS, "accrual", None).await;
     }
-    wait_import(set.client(2), NS, "accrual", "both clusters", |si| clusters_of(si).len() == 2).await;
+    wait_import(set.client(2), NS, "accrual", "both clusters", |si| {
+        clusters_of(si).len() == 2
+    })
+    .await;
     // West's API server goes away: after the grace period north drops it and says why.
     set.clusters[1].stop();
-    let si = wait_import(set.client(2), NS, "accrual", "west removed after the grace period", |si| clusters_of(si) == ["east"]).await;
-    let ready = si.status.unwrap().conditions.unwrap().into_iter().find(|c| c.type_ == "Ready").unwrap();
-    assert!(ready.message.contains("west") && ready.message.contains("unreachable"), "{}", ready.message);
+    let si = wait_import(
+        set.client(2),
+        NS,
+        "accrual",
+        "west removed after the grace period",
+        |si| clusters_of(si) == ["east"],
+    )
+    .await;
+    let ready = si
+        .status
+        .unwrap()
+        .conditions
+        .unwrap()
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert!(
+        ready.message.contains("west") && ready.message.contains("unreachable"),
+        "{}",
+        ready.message
+    );
     // West comes back: it is merged again without restarting anything.
     set.clusters[1].start().await;
-    wait_import(set.client(2), NS, "accrual", "west back", |si| clusters_of(si).len() == 2).await;
-    let si = wait_import(set.client(2), NS, "accrual", "Ready message cleared", |si| {
-        si.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|c| c.iter().find(|c| c.type_ == "Ready")).is_some_and(|c| c.message.is_empty())
+    wait_import(set.client(2), NS, "accrual", "west back", |si| {
+        clusters_of(si).len() == 2
     })
+    .await;
+    let si = wait_import(
+        set.client(2),
+        NS,
+        "accrual",
+        "Ready message cleared",
+        |si| {
+            si.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+                .is_some_and(|c| c.message.is_empty())
+        },
+    )
     .await;
     assert_eq!(clusters_of(&si), ["east", "west"]);
 }
@@ -136,40 +221,99 @@ async fn a_peer_whose_read_access_is_revoked_is_dropped_and_recovers() {
     set.namespace(NS).await;
     let west = set.client(1).clone();
     let role: ClusterRole = first_doc(include_str!("../../deploy/rbac/agent-peer-reader.yaml"));
-    let mut binding: ClusterRoleBinding = second_doc(include_str!("../../deploy/rbac/agent-peer-reader.yaml"));
+    let mut binding: ClusterRoleBinding =
+        second_doc(include_str!("../../deploy/rbac/agent-peer-reader.yaml"));
     binding.subjects = Some(vec![k8s_openapi::api::rbac::v1::Subject {
         kind: "ServiceAccount".into(),
         name: "mcs-peer".into(),
         namespace: Some("default".into()),
         api_group: None,
     }]);
-    Api::<ClusterRole>::all(west.clone()).create(&PostParams::default(), &role).await.unwrap();
+    Api::<ClusterRole>::all(west.clone())
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
     let bindings = Api::<ClusterRoleBinding>::all(west.clone());
-    bindings.create(&PostParams::default(), &binding).await.unwrap();
+    bindings
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
     let token = support_token(&west, "default", "mcs-peer").await;
-    let mut config = kube::Config::from_custom_kubeconfig(set.clusters[1].kubeconfig().clone(), &kube::config::KubeConfigOptions::default()).await.unwrap();
-    config.auth_info = kube::config::AuthInfo { token: Some(token.into()), ..Default::default() };
+    let mut config = kube::Config::from_custom_kubeconfig(
+        set.clusters[1].kubeconfig().clone(),
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await
+    .unwrap();
+    config.auth_info = kube::config::AuthInfo {
+        token: Some(token.into()),
+        ..Default::default()
+    };
     let restricted = kube::Client::try_from(config).unwrap();
 
     use mcs_kube::agent::{Agent, AgentConfig, Member};
-    let ids: Vec<mcs_core::ClusterId> = ["east", "west"].iter().map(|s| s.parse().unwrap()).collect();
-    let members = vec![Member { id: ids[0].clone(), client: set.client(0).clone() }, Member { id: ids[1].clone(), client: restricted }];
+    let ids: Vec<mcs_core::ClusterId> = ["east", "west"]
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
+    let members = vec![
+        Member {
+            id: ids[0].clone(),
+            client: set.client(0).clone(),
+        },
+        Member {
+            id: ids[1].clone(),
+            client: restricted,
+        },
+    ];
     // East's agent, whose only view of west is the restricted client.
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let agent = Agent::new(AgentConfig::new(ids[0].clone(), members).unreachable_grace(Duration::from_secs(3)).probe_interval(Duration::from_secs(1)));
-    let task = tokio::spawn(agent.run(async move { let _ = stopped.await; }));
+    let agent = Agent::new(
+        AgentConfig::new(ids[0].clone(), members)
+            .unreachable_grace(Duration::from_secs(3))
+            .probe_interval(Duration::from_secs(1)),
+    );
+    let task = tokio::spawn(agent.run(async move {
+        let _ = stopped.await;
+    }));
 
     create_service(set.client(1), NS, &hello_service("accrual")).await;
     export(set.client(1), NS, "accrual", None).await;
-    wait_import(set.client(0), NS, "accrual", "import through the peer-reader role", |si| clusters_of(si) == ["west"]).await;
+    wait_import(
+        set.client(0),
+        NS,
+        "accrual",
+        "import through the peer-reader role",
+        |si| clusters_of(si) == ["west"],
+    )
+    .await;
 
-    bindings.delete("mcs-agent-peer-reader", &DeleteParams::default()).await.unwrap();
+    bindings
+        .delete("mcs-agent-peer-reader", &DeleteParams::default())
+        .await
+        .unwrap();
     // West's watches now fail with 403: after the grace period its export is dropped and,
     // being the only one, so is the import. The agent keeps running.
-    wait_no_import(set.client(0), NS, "accrual", "import dropped once west is unreadable").await;
+    wait_no_import(
+        set.client(0),
+        NS,
+        "accrual",
+        "import dropped once west is unreadable",
+    )
+    .await;
     assert!(!task.is_finished(), "the agent must survive a revoked peer");
-    bindings.create(&PostParams::default(), &binding).await.unwrap();
-    wait_import(set.client(0), NS, "accrual", "import after access is restored", |si| clusters_of(si) == ["west"]).await;
+    bindings
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    wait_import(
+        set.client(0),
+        NS,
+        "accrual",
+        "import after access is restored",
+        |si| clusters_of(si) == ["west"],
+    )
+    .await;
     let _ = stop.send(());
     task.await.unwrap().unwrap();
 }
@@ -189,13 +333,26 @@ async fn support_token(client: &kube::Client, ns: &str, name: &str) -> String {
     use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
     use k8s_openapi::api::core::v1::ServiceAccount;
     let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
-    let sa = ServiceAccount { metadata: kube::api::ObjectMeta { name: Some(name.into()), ..Default::default() }, ..Default::default() };
-    let _ = sas.create(&PostParams::default(), &sa).await;
-    let request = TokenRequest {
-        spec: TokenRequestSpec { audiences: vec![], expiration_seconds: Some(3600), bound_object_ref: None },
+    let sa = ServiceAccount {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
         ..Default::default()
     };
-    let response: TokenRequest = sas.create_subresource("token", name, &PostParams::default(), &request).await.unwrap();
+    let _ = sas.create(&PostParams::default(), &sa).await;
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec![],
+            expiration_seconds: Some(3600),
+            bound_object_ref: None,
+        },
+        ..Default::default()
+    };
+    let response: TokenRequest = sas
+        .create_subresource("token", name, &PostParams::default(), &request)
+        .await
+        .unwrap();
     response.status.unwrap().token
 }
 
@@ -214,7 +371,10 @@ async fn hand_written_and_malformed_imports_are_left_alone() {
         "spec": { "type": "ClusterSetIP", "ports": [{ "port": 80 }], "sessionAffinity": "Sticky" }
     }))
     .unwrap();
-    dynamic.create(&PostParams::default(), &malformed).await.unwrap();
+    dynamic
+        .create(&PostParams::default(), &malformed)
+        .await
+        .unwrap();
     let handmade: DynamicObject = serde_json::from_value(serde_json::json!({
         "apiVersion": "multicluster.x-k8s.io/v1beta1",
         "kind": "ServiceImport",
@@ -222,19 +382,32 @@ async fn hand_written_and_malformed_imports_are_left_alone() {
         "spec": { "type": "Headless", "ports": [] }
     }))
     .unwrap();
-    dynamic.create(&PostParams::default(), &handmade).await.unwrap();
+    dynamic
+        .create(&PostParams::default(), &handmade)
+        .await
+        .unwrap();
 
     // The agent keeps working for everything else.
     create_service(set.client(0), NS, &hello_service("accrual")).await;
     export(set.client(0), NS, "accrual", None).await;
-    wait_import(set.client(2), NS, "accrual", "import next to the malformed one", |_| true).await;
+    wait_import(
+        set.client(2),
+        NS,
+        "accrual",
+        "import next to the malformed one",
+        |_| true,
+    )
+    .await;
     // An export with the malformed import's name: the agent does not overwrite it.
     create_service(set.client(0), NS, &hello_service("manual")).await;
     export(set.client(0), NS, "manual", None).await;
     wait_import(set.client(1), NS, "manual", "import in west", |_| true).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let still = dynamic.get("manual").await.unwrap();
-    assert_eq!(still.data["spec"]["sessionAffinity"], "Sticky", "the hand-written import was not touched");
+    assert_eq!(
+        still.data["spec"]["sessionAffinity"], "Sticky",
+        "the hand-written import was not touched"
+    );
     assert!(still.metadata.labels.is_none());
     // Nothing it did not create is deleted.
     assert!(dynamic.get_opt("handmade").await.unwrap().is_some());
@@ -242,18 +415,40 @@ async fn hand_written_and_malformed_imports_are_left_alone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exports_outside_the_allowed_namespaces_are_refused() {
-    let set = ClusterSet::start_configured(&["east", "west"], |c| c.allowed_namespaces(vec![NS.to_owned()])).await;
+    let set = ClusterSet::start_configured(&["east", "west"], |c| {
+        c.allowed_namespaces(vec![NS.to_owned()])
+    })
+    .await;
     set.namespace(NS).await;
     set.namespace("kube-system-like").await;
     create_service(set.client(0), "kube-system-like", &hello_service("accrual")).await;
     export(set.client(0), "kube-system-like", "accrual", None).await;
-    let valid = wait_export_condition(set.client(0), "kube-system-like", "accrual", "Valid", "False", Some("NamespaceNotAllowed")).await;
-    assert!(valid.message.contains("kube-system-like"), "{}", valid.message);
+    let valid = wait_export_condition(
+        set.client(0),
+        "kube-system-like",
+        "accrual",
+        "Valid",
+        "False",
+        Some("NamespaceNotAllowed"),
+    )
+    .await;
+    assert!(
+        valid.message.contains("kube-system-like"),
+        "{}",
+        valid.message
+    );
     for i in 0..2 {
         hold_import(set.client(i), "kube-system-like", "accrual", false).await;
     }
     // The allowed namespace works as usual.
     create_service(set.client(0), NS, &hello_service("accrual")).await;
     export(set.client(0), NS, "accrual", None).await;
-    wait_import(set.client(1), NS, "accrual", "import in the allowed namespace", |_| true).await;
+    wait_import(
+        set.client(1),
+        NS,
+        "accrual",
+        "import in the allowed namespace",
+        |_| true,
+    )
+    .await;
 }

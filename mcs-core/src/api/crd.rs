@@ -22,7 +22,9 @@ use super::types::{
     ClusterPropertySpec, ClusterPropertyStatus, ServiceExportSpec, ServiceExportStatus,
     ServiceImportSpec, ServiceImportStatus,
 };
-use super::{ABOUT_GROUP, MCS_API_RELEASE, MCS_GROUP, RELEASE_VERSION_LABEL, SCHEMA_REVISION_LABEL};
+use super::{
+    ABOUT_GROUP, MCS_API_RELEASE, MCS_GROUP, RELEASE_VERSION_LABEL, SCHEMA_REVISION_LABEL,
+};
 
 /// Schema paths that this crate serves but upstream mcs-api v0.5.0 does not have yet, with
 /// where they come from.
@@ -73,8 +75,18 @@ pub fn service_import() -> CustomResourceDefinition {
         categories: &[],
         namespaced: true,
         columns: vec![
-            column("Type", "string", ".spec.type", Some("The type of this ServiceImport")),
-            column("IP", "string", ".spec.ips", Some("The VIP for this ServiceImport")),
+            column(
+                "Type",
+                "string",
+                ".spec.type",
+                Some("The type of this ServiceImport"),
+            ),
+            column(
+                "IP",
+                "string",
+                ".spec.ips",
+                Some("The VIP for this ServiceImport"),
+            ),
             column("Age", "date", ".metadata.creationTimestamp", None),
         ],
         schema,
@@ -179,7 +191,12 @@ fn crd(parts: CrdParts) -> CustomResourceDefinition {
                 short_names: strings(parts.short_names),
                 categories: strings(parts.categories),
             },
-            scope: if parts.namespaced { "Namespaced" } else { "Cluster" }.to_owned(),
+            scope: if parts.namespaced {
+                "Namespaced"
+            } else {
+                "Cluster"
+            }
+            .to_owned(),
             versions,
             conversion: None,
             preserve_unknown_fields: None,
@@ -195,7 +212,8 @@ fn protected_group_annotation(group: &str) -> Option<BTreeMap<String, String>> {
     (group.ends_with(".k8s.io") || group.ends_with(".kubernetes.io")).then(|| {
         BTreeMap::from([(
             "api-approved.kubernetes.io".to_owned(),
-            "unapproved, KEP-2149 ClusterProperty as published by kubernetes-sigs/about-api".to_owned(),
+            "unapproved, KEP-2149 ClusterProperty as published by kubernetes-sigs/about-api"
+                .to_owned(),
         )])
     })
 }
@@ -216,7 +234,12 @@ fn column(
     }
 }
 
-fn root_schema(description: &str, spec: Value, spec_required: bool, status: Value) -> JSONSchemaProps {
+fn root_schema(
+    description: &str,
+    spec: Value,
+    spec_required: bool,
+    status: Value,
+) -> JSONSchemaProps {
     let mut root = json!({
         "description": description,
         "type": "object",

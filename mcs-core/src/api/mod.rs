@@ -35,8 +35,8 @@ mod types;
 mod versions;
 
 pub use types::{
-    ClusterPropertySpec, ClusterPropertyStatus, PropertyValueError, ServiceExportSpec, ServiceExportStatus,
-    ServiceImportSpec, ServiceImportStatus,
+    ClusterPropertySpec, ClusterPropertyStatus, PropertyValueError, ServiceExportSpec,
+    ServiceExportStatus, ServiceImportSpec, ServiceImportStatus,
 };
 pub use versions::{v1alpha1, v1beta1};
 
@@ -275,7 +275,9 @@ pub struct SessionAffinityConfig {
 }
 
 /// An exporting cluster a ServiceImport was derived from.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
 pub struct ClusterStatus {
     /// The cluster id (an RFC-1123 DNS label).
     pub cluster: String,

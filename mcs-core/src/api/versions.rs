@@ -320,18 +320,18 @@ macro_rules! about_version {
 pub mod v1alpha1 {
     mcs_version!(mcs, "v1alpha1", "`multicluster.x-k8s.io/v1alpha1`.");
     about_version!(about, "v1alpha1");
+    pub use crate::api::types::*;
     pub use about::ClusterProperty;
     pub use mcs::{ServiceExport, ServiceImport};
-    pub use crate::api::types::*;
 }
 
 /// `v1beta1`: served and stored. Use this version unless a cluster serves only `v1alpha1`.
 pub mod v1beta1 {
     mcs_version!(mcs, "v1beta1", "`multicluster.x-k8s.io/v1beta1`.");
     about_version!(about, "v1beta1");
+    pub use crate::api::types::*;
     pub use about::ClusterProperty;
     pub use mcs::{ServiceExport, ServiceImport};
-    pub use crate::api::types::*;
 }
 
 macro_rules! convert {

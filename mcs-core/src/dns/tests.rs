@@ -7,12 +7,23 @@ use proptest::prelude::*;
 use super::*;
 use crate::api::{LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER, ServiceImportSpec};
 
-fn import(ns: &str, name: &str, type_: ServiceImportType, ips: &[&str], ports: &[(&str, Protocol, i32)]) -> ServiceImport {
+fn import(
+    ns: &str,
+    name: &str,
+    type_: ServiceImportType,
+    ips: &[&str],
+    ports: &[(&str, Protocol, i32)],
+) -> ServiceImport {
     let mut spec = ServiceImportSpec::new(type_);
     spec.ips = (!ips.is_empty()).then(|| ips.iter().map(|s| s.to_string()).collect());
     spec.ports = ports
         .iter()
-        .map(|(n, p, port)| ServicePort { name: Some(n.to_string()), protocol: Some(*p), app_protocol: None, port: *port })
+        .map(|(n, p, port)| ServicePort {
+            name: Some(n.to_string()),
+            protocol: Some(*p),
+            app_protocol: None,
+            port: *port,
+        })
         .collect();
     let mut si = ServiceImport::new(name, spec);
     si.metadata.namespace = Some(ns.into());
@@ -20,7 +31,14 @@ fn import(ns: &str, name: &str, type_: ServiceImportType, ips: &[&str], ports: &
 }
 
 /// `endpoints`: (addresses, hostname, ready).
-fn slice(ns: &str, name: &str, svc: &str, cluster: &str, family: &str, endpoints: &[(&[&str], Option<&str>, bool)]) -> EndpointSlice {
+fn slice(
+    ns: &str,
+    name: &str,
+    svc: &str,
+    cluster: &str,
+    family: &str,
+    endpoints: &[(&[&str], Option<&str>, bool)],
+) -> EndpointSlice {
     EndpointSlice {
         address_type: family.into(),
         metadata: ObjectMeta {
@@ -37,31 +55,83 @@ fn slice(ns: &str, name: &str, svc: &str, cluster: &str, family: &str, endpoints
             .map(|(addrs, host, ready)| Endpoint {
                 addresses: addrs.iter().map(|s| s.to_string()).collect(),
                 hostname: host.map(str::to_owned),
-                conditions: Some(EndpointConditions { ready: Some(*ready), ..Default::default() }),
+                conditions: Some(EndpointConditions {
+                    ready: Some(*ready),
+                    ..Default::default()
+                }),
                 ..Default::default()
             })
             .collect(),
         ports: Some(vec![
-            EndpointPort { name: Some("tcp".into()), port: Some(42), protocol: Some("TCP".into()), ..Default::default() },
-            EndpointPort { name: Some("udp".into()), port: Some(42), protocol: Some("UDP".into()), ..Default::default() },
+            EndpointPort {
+                name: Some("tcp".into()),
+                port: Some(42),
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            },
+            EndpointPort {
+                name: Some("udp".into()),
+                port: Some(42),
+                protocol: Some("UDP".into()),
+                ..Default::default()
+            },
         ]),
     }
 }
 
-const HELLO_PORTS: &[(&str, Protocol, i32)] = &[("tcp", Protocol::Tcp, 42), ("udp", Protocol::Udp, 42)];
+const HELLO_PORTS: &[(&str, Protocol, i32)] =
+    &[("tcp", Protocol::Tcp, 42), ("udp", Protocol::Udp, 42)];
 
 fn data() -> ZoneData {
     let mut z = ZoneData::new(Zone::default(), DEFAULT_TTL);
     z.set_namespace("demo", true);
-    z.upsert_import(&import("demo", "hello", ServiceImportType::ClusterSetIp, &["10.0.0.10", "fd00::10"], HELLO_PORTS)).unwrap();
-    z.upsert_import(&import("demo", "web", ServiceImportType::Headless, &[], HELLO_PORTS)).unwrap();
-    z.upsert_slice(&slice("demo", "web-east", "web", "east", "IPv4", &[
-        (&["10.1.0.1"], Some("web-0"), true),
-        (&["10.1.0.2"], None, true),
-        (&["10.1.0.3"], Some("web-2"), false),
-    ])).unwrap();
-    z.upsert_slice(&slice("demo", "web-west", "web", "west", "IPv4", &[(&["10.2.0.1"], Some("web-0"), true)])).unwrap();
-    z.upsert_slice(&slice("demo", "web-west-v6", "web", "west", "IPv6", &[(&["fd00::2:1"], Some("web-0"), true)])).unwrap();
+    z.upsert_import(&import(
+        "demo",
+        "hello",
+        ServiceImportType::ClusterSetIp,
+        &["10.0.0.10", "fd00::10"],
+        HELLO_PORTS,
+    ))
+    .unwrap();
+    z.upsert_import(&import(
+        "demo",
+        "web",
+        ServiceImportType::Headless,
+        &[],
+        HELLO_PORTS,
+    ))
+    .unwrap();
+    z.upsert_slice(&slice(
+        "demo",
+        "web-east",
+        "web",
+        "east",
+        "IPv4",
+        &[
+            (&["10.1.0.1"], Some("web-0"), true),
+            (&["10.1.0.2"], None, true),
+            (&["10.1.0.3"], Some("web-2"), false),
+        ],
+    ))
+    .unwrap();
+    z.upsert_slice(&slice(
+        "demo",
+        "web-west",
+        "web",
+        "west",
+        "IPv4",
+        &[(&["10.2.0.1"], Some("web-0"), true)],
+    ))
+    .unwrap();
+    z.upsert_slice(&slice(
+        "demo",
+        "web-west-v6",
+        "web",
+        "west",
+        "IPv6",
+        &[(&["fd00::2:1"], Some("web-0"), true)],
+    ))
+    .unwrap();
     z
 }
 
@@ -95,10 +165,19 @@ fn srv(answer: &Answer) -> Vec<(u16, String)> {
 #[test]
 fn conformance_22_clusterip_a_and_aaaa_resolve_to_the_clusterset_ips() {
     let z = data();
-    assert_eq!(ips(&z.answer("hello.demo.svc.clusterset.local.", QueryType::A)), ["10.0.0.10"]);
-    assert_eq!(ips(&z.answer("hello.demo.svc.clusterset.local", QueryType::Aaaa)), ["fd00::10"]);
+    assert_eq!(
+        ips(&z.answer("hello.demo.svc.clusterset.local.", QueryType::A)),
+        ["10.0.0.10"]
+    );
+    assert_eq!(
+        ips(&z.answer("hello.demo.svc.clusterset.local", QueryType::Aaaa)),
+        ["fd00::10"]
+    );
     let a = z.answer("HELLO.Demo.svc.ClusterSet.local.", QueryType::A);
-    assert_eq!(a.answers[0].name, "HELLO.Demo.svc.ClusterSet.local.", "owner echoes the question");
+    assert_eq!(
+        a.answers[0].name, "HELLO.Demo.svc.ClusterSet.local.",
+        "owner echoes the question"
+    );
     assert_eq!(a.answers[0].ttl, DEFAULT_TTL);
 }
 
@@ -106,36 +185,86 @@ fn conformance_22_clusterip_a_and_aaaa_resolve_to_the_clusterset_ips() {
 fn conformance_23_clusterip_bare_srv_is_one_record_per_port() {
     let z = data();
     let a = z.answer("hello.demo.svc.clusterset.local.", QueryType::Srv);
-    assert_eq!(srv(&a), [(42, "hello.demo.svc.clusterset.local.".to_owned())]);
+    assert_eq!(
+        srv(&a),
+        [(42, "hello.demo.svc.clusterset.local.".to_owned())]
+    );
     assert_eq!(a.additionals.len(), 2, "both VIPs as additional records");
     let named = z.answer("_tcp._tcp.hello.demo.svc.clusterset.local.", QueryType::Srv);
-    assert_eq!(srv(&named), [(42, "hello.demo.svc.clusterset.local.".to_owned())]);
-    assert_eq!(z.answer("_http._tcp.hello.demo.svc.clusterset.local.", QueryType::Srv).rcode, Rcode::NxDomain);
+    assert_eq!(
+        srv(&named),
+        [(42, "hello.demo.svc.clusterset.local.".to_owned())]
+    );
+    assert_eq!(
+        z.answer(
+            "_http._tcp.hello.demo.svc.clusterset.local.",
+            QueryType::Srv
+        )
+        .rcode,
+        Rcode::NxDomain
+    );
 }
 
 #[test]
 fn conformance_24_cluster_local_is_not_ours() {
     let z = data();
-    assert_eq!(z.answer("hello.demo.svc.cluster.local.", QueryType::A).rcode, Rcode::Refused);
+    assert_eq!(
+        z.answer("hello.demo.svc.cluster.local.", QueryType::A)
+            .rcode,
+        Rcode::Refused
+    );
 }
 
 #[test]
 fn conformance_25_headless_a_returns_ready_addresses_of_all_clusters() {
     let z = data();
-    assert_eq!(ips(&z.answer("web.demo.svc.clusterset.local", QueryType::A)), ["10.1.0.1", "10.1.0.2", "10.2.0.1"]);
-    assert_eq!(ips(&z.answer("web.demo.svc.clusterset.local", QueryType::Aaaa)), ["fd00::2:1"]);
+    assert_eq!(
+        ips(&z.answer("web.demo.svc.clusterset.local", QueryType::A)),
+        ["10.1.0.1", "10.1.0.2", "10.2.0.1"]
+    );
+    assert_eq!(
+        ips(&z.answer("web.demo.svc.clusterset.local", QueryType::Aaaa)),
+        ["fd00::2:1"]
+    );
 }
 
 #[test]
 fn conformance_26_per_endpoint_names_resolve_to_that_endpoint() {
     let z = data();
-    assert_eq!(ips(&z.answer("web-0.east.web.demo.svc.clusterset.local", QueryType::A)), ["10.1.0.1"]);
-    assert_eq!(ips(&z.answer("web-0.west.web.demo.svc.clusterset.local", QueryType::A)), ["10.2.0.1"]);
-    assert_eq!(ips(&z.answer("web-0.west.web.demo.svc.clusterset.local", QueryType::Aaaa)), ["fd00::2:1"]);
-    assert_eq!(ips(&z.answer("10-1-0-2.east.web.demo.svc.clusterset.local", QueryType::A)), ["10.1.0.2"], "dashed-IP fallback");
-    assert_eq!(z.answer("web-2.east.web.demo.svc.clusterset.local", QueryType::A).rcode, Rcode::NxDomain, "not ready");
-    assert_eq!(z.answer("web-0.north.web.demo.svc.clusterset.local", QueryType::A).rcode, Rcode::NxDomain);
-    assert_eq!(z.answer("x.east.hello.demo.svc.clusterset.local", QueryType::A).rcode, Rcode::NxDomain, "ClusterSetIP has no per-endpoint names");
+    assert_eq!(
+        ips(&z.answer("web-0.east.web.demo.svc.clusterset.local", QueryType::A)),
+        ["10.1.0.1"]
+    );
+    assert_eq!(
+        ips(&z.answer("web-0.west.web.demo.svc.clusterset.local", QueryType::A)),
+        ["10.2.0.1"]
+    );
+    assert_eq!(
+        ips(&z.answer("web-0.west.web.demo.svc.clusterset.local", QueryType::Aaaa)),
+        ["fd00::2:1"]
+    );
+    assert_eq!(
+        ips(&z.answer("10-1-0-2.east.web.demo.svc.clusterset.local", QueryType::A)),
+        ["10.1.0.2"],
+        "dashed-IP fallback"
+    );
+    assert_eq!(
+        z.answer("web-2.east.web.demo.svc.clusterset.local", QueryType::A)
+            .rcode,
+        Rcode::NxDomain,
+        "not ready"
+    );
+    assert_eq!(
+        z.answer("web-0.north.web.demo.svc.clusterset.local", QueryType::A)
+            .rcode,
+        Rcode::NxDomain
+    );
+    assert_eq!(
+        z.answer("x.east.hello.demo.svc.clusterset.local", QueryType::A)
+            .rcode,
+        Rcode::NxDomain,
+        "ClusterSetIP has no per-endpoint names"
+    );
 }
 
 #[test]
@@ -145,12 +274,20 @@ fn conformance_27_headless_srv_one_per_ready_endpoint() {
     assert_eq!(
         srv(&a),
         [
-            (42, "10-1-0-2.east.web.demo.svc.clusterset.local.".to_owned()),
+            (
+                42,
+                "10-1-0-2.east.web.demo.svc.clusterset.local.".to_owned()
+            ),
             (42, "web-0.east.web.demo.svc.clusterset.local.".to_owned()),
             (42, "web-0.west.web.demo.svc.clusterset.local.".to_owned()),
         ]
     );
-    assert!(a.additionals.iter().any(|r| r.name == "web-0.west.web.demo.svc.clusterset.local." && r.data == RData::Aaaa("fd00::2:1".parse().unwrap())));
+    assert!(
+        a.additionals
+            .iter()
+            .any(|r| r.name == "web-0.west.web.demo.svc.clusterset.local."
+                && r.data == RData::Aaaa("fd00::2:1".parse().unwrap()))
+    );
     let named = z.answer("_udp._udp.web.demo.svc.clusterset.local.", QueryType::Srv);
     assert_eq!(srv(&named).len(), 3);
 }
@@ -173,7 +310,11 @@ fn nxdomain_and_nodata_follow_the_reference_plugin() {
         ("hello.demo.svc.clusterset.local.", QueryType::Other(99)),
     ] {
         assert_eq!(rc(&z, name, t), (Rcode::NoError, 0), "{name} {t:?}");
-        assert_eq!(z.answer(name, t).authority.len(), 1, "SOA on negative answers");
+        assert_eq!(
+            z.answer(name, t).authority.len(),
+            1,
+            "SOA on negative answers"
+        );
     }
     // NXDOMAIN
     for name in [
@@ -191,16 +332,36 @@ fn nxdomain_and_nodata_follow_the_reference_plugin() {
     z.remove_slice("demo", "web-east");
     z.remove_slice("demo", "web-west");
     z.remove_slice("demo", "web-west-v6");
-    assert_eq!(rc(&z, "web.demo.svc.clusterset.local.", QueryType::A), (Rcode::NxDomain, 0));
+    assert_eq!(
+        rc(&z, "web.demo.svc.clusterset.local.", QueryType::A),
+        (Rcode::NxDomain, 0)
+    );
     // The namespace missing locally hides the import.
     z.set_namespace("demo", false);
-    assert_eq!(rc(&z, "hello.demo.svc.clusterset.local.", QueryType::A), (Rcode::NxDomain, 0));
+    assert_eq!(
+        rc(&z, "hello.demo.svc.clusterset.local.", QueryType::A),
+        (Rcode::NxDomain, 0)
+    );
     // Zone apex and version.
     let z = data();
-    assert!(matches!(z.answer("clusterset.local", QueryType::Soa).answers[0].data, RData::Soa { .. }));
-    assert!(matches!(z.answer("clusterset.local", QueryType::Ns).answers[0].data, RData::Ns(_)));
-    assert_eq!(z.answer("dns-version.clusterset.local", QueryType::Txt).answers[0].data, RData::Txt("1.0.0".into()));
-    assert_eq!(z.answer("clusterset.local", QueryType::Transfer).rcode, Rcode::NotImp);
+    assert!(matches!(
+        z.answer("clusterset.local", QueryType::Soa).answers[0].data,
+        RData::Soa { .. }
+    ));
+    assert!(matches!(
+        z.answer("clusterset.local", QueryType::Ns).answers[0].data,
+        RData::Ns(_)
+    ));
+    assert_eq!(
+        z.answer("dns-version.clusterset.local", QueryType::Txt)
+            .answers[0]
+            .data,
+        RData::Txt("1.0.0".into())
+    );
+    assert_eq!(
+        z.answer("clusterset.local", QueryType::Transfer).rcode,
+        Rcode::NotImp
+    );
     assert_eq!(z.answer("example.com.", QueryType::A).rcode, Rcode::Refused);
 }
 
@@ -208,17 +369,58 @@ fn nxdomain_and_nodata_follow_the_reference_plugin() {
 fn slices_move_between_services_and_imports_go_away() {
     let mut z = data();
     // The same slice now labelled for another service.
-    let mut moved = slice("demo", "web-west", "other", "west", "IPv4", &[(&["10.2.0.9"], None, true)]);
-    z.upsert_import(&import("demo", "other", ServiceImportType::Headless, &[], HELLO_PORTS)).unwrap();
+    let mut moved = slice(
+        "demo",
+        "web-west",
+        "other",
+        "west",
+        "IPv4",
+        &[(&["10.2.0.9"], None, true)],
+    );
+    z.upsert_import(&import(
+        "demo",
+        "other",
+        ServiceImportType::Headless,
+        &[],
+        HELLO_PORTS,
+    ))
+    .unwrap();
     z.upsert_slice(&moved).unwrap();
-    assert_eq!(ips(&z.answer("web.demo.svc.clusterset.local", QueryType::A)), ["10.1.0.1", "10.1.0.2"]);
-    assert_eq!(ips(&z.answer("other.demo.svc.clusterset.local", QueryType::A)), ["10.2.0.9"]);
+    assert_eq!(
+        ips(&z.answer("web.demo.svc.clusterset.local", QueryType::A)),
+        ["10.1.0.1", "10.1.0.2"]
+    );
+    assert_eq!(
+        ips(&z.answer("other.demo.svc.clusterset.local", QueryType::A)),
+        ["10.2.0.9"]
+    );
     z.remove_import("demo", "other");
-    assert_eq!(z.answer("other.demo.svc.clusterset.local", QueryType::A).rcode, Rcode::NxDomain);
-    moved.metadata.labels.as_mut().unwrap().remove(LABEL_SOURCE_CLUSTER);
-    assert!(matches!(z.upsert_slice(&moved), Err(DnsDataError::Slice(_))));
-    let bad = import("demo", "bad", ServiceImportType::ClusterSetIp, &["10.0.0.300"], HELLO_PORTS);
-    assert!(matches!(z.upsert_import(&bad), Err(DnsDataError::BadIp { .. })));
+    assert_eq!(
+        z.answer("other.demo.svc.clusterset.local", QueryType::A)
+            .rcode,
+        Rcode::NxDomain
+    );
+    moved
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .remove(LABEL_SOURCE_CLUSTER);
+    assert!(matches!(
+        z.upsert_slice(&moved),
+        Err(DnsDataError::Slice(_))
+    ));
+    let bad = import(
+        "demo",
+        "bad",
+        ServiceImportType::ClusterSetIp,
+        &["10.0.0.300"],
+        HELLO_PORTS,
+    );
+    assert!(matches!(
+        z.upsert_import(&bad),
+        Err(DnsDataError::BadIp { .. })
+    ));
 }
 
 proptest! {

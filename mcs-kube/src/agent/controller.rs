@@ -14,12 +14,16 @@ use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use mcs_core::ClusterId;
-use mcs_core::api::{LABEL_SERVICE_NAME, MCS_GROUP, v1alpha1, v1beta1::ServiceExport, v1beta1::ServiceImport};
+use mcs_core::api::{
+    LABEL_SERVICE_NAME, MCS_GROUP, v1alpha1, v1beta1::ServiceExport, v1beta1::ServiceImport,
+};
 use mcs_core::merge::{ClusterSetState, Constituent, ServiceFacts, Stability};
 use mcs_core::name::ServiceRef;
 use tokio::sync::mpsc;
 
-use super::desired::{LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY, LABEL_SLICE_MANAGED_BY, MANAGED_BY};
+use super::desired::{
+    LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY, LABEL_SLICE_MANAGED_BY, MANAGED_BY,
+};
 use super::index::{Key, Store, key_of, own_key};
 use super::reconcile::{self, Observed, ServiceInputs};
 use super::writer::Writer;
@@ -88,19 +92,49 @@ pub(super) async fn run(
         .members
         .iter()
         .position(|m| m.id == config.local)
-        .ok_or_else(|| AgentError::Config(format!("the members do not include the local cluster {}", config.local)))?;
+        .ok_or_else(|| {
+            AgentError::Config(format!(
+                "the members do not include the local cluster {}",
+                config.local
+            ))
+        })?;
     let (tx, mut rx) = mpsc::channel::<Msg>(4096);
     let mut tasks = tokio::task::JoinSet::new();
     for (i, member) in config.members.iter().enumerate() {
         let client = member.client.clone();
         spawn_export_watch(&mut tasks, &tx, i, client.clone());
         spawn_probe(&mut tasks, &tx, i, client.clone(), config.probe_interval);
-        spawn_watch(&mut tasks, &tx, i, "Service", Api::<Service>::all(client.clone()), watcher::Config::default(), Fact::Service);
+        spawn_watch(
+            &mut tasks,
+            &tx,
+            i,
+            "Service",
+            Api::<Service>::all(client.clone()),
+            watcher::Config::default(),
+            Fact::Service,
+        );
         // The Services' own slices: those of a Kubernetes Service that no MCS controller wrote.
-        let source = watcher::Config::default().labels(&format!("{LABEL_K8S_SERVICE_NAME},!{LABEL_SERVICE_NAME}"));
-        spawn_watch(&mut tasks, &tx, i, "EndpointSlice", Api::<EndpointSlice>::all(client.clone()), source, Fact::Slice);
+        let source = watcher::Config::default()
+            .labels(&format!("{LABEL_K8S_SERVICE_NAME},!{LABEL_SERVICE_NAME}"));
+        spawn_watch(
+            &mut tasks,
+            &tx,
+            i,
+            "EndpointSlice",
+            Api::<EndpointSlice>::all(client.clone()),
+            source,
+            Fact::Slice,
+        );
         if i == local_index {
-            spawn_watch(&mut tasks, &tx, i, "Namespace", Api::<Namespace>::all(client.clone()), watcher::Config::default(), Fact::Namespace);
+            spawn_watch(
+                &mut tasks,
+                &tx,
+                i,
+                "Namespace",
+                Api::<Namespace>::all(client.clone()),
+                watcher::Config::default(),
+                Fact::Namespace,
+            );
             // Read as untyped objects: a hand-written import with a value the typed API
             // rejects must not stop the watch; it becomes a foreign import left alone.
             let resource = kube::api::ApiResource::erase::<ServiceImport>(&());
@@ -113,8 +147,17 @@ pub(super) async fn run(
                 watcher::Config::default(),
                 |e| Fact::Import(map_event(e, typed_import)),
             );
-            let ours = watcher::Config::default().labels(&format!("{LABEL_SLICE_MANAGED_BY}={MANAGED_BY}"));
-            spawn_watch(&mut tasks, &tx, i, "imported EndpointSlice", Api::<EndpointSlice>::all(client), ours, Fact::Imported);
+            let ours = watcher::Config::default()
+                .labels(&format!("{LABEL_SLICE_MANAGED_BY}={MANAGED_BY}"));
+            spawn_watch(
+                &mut tasks,
+                &tx,
+                i,
+                "imported EndpointSlice",
+                Api::<EndpointSlice>::all(client),
+                ours,
+                Fact::Imported,
+            );
         }
     }
     drop(tx);
@@ -138,7 +181,10 @@ pub(super) async fn run(
         imported: Store::new(service_of_mcs_slice),
     };
     let mut merge = ClusterSetState::new(Stability::Sticky);
-    let writer = Writer::new(config.members[local_index].client.clone(), config.field_manager.clone());
+    let writer = Writer::new(
+        config.members[local_index].client.clone(),
+        config.field_manager.clone(),
+    );
     let mut dirty: BTreeSet<Key> = BTreeSet::new();
     let mut retry: BTreeMap<Key, (Instant, u32)> = BTreeMap::new();
     let mut tick = tokio::time::interval(Duration::from_millis(500));
@@ -181,8 +227,9 @@ pub(super) async fn run(
                 }
             }
         }
-        let synced = members.iter().all(|m| m.removed || (m.exports.is_listed() && m.services.is_listed() && m.slices.is_listed()))
-            && local.namespaces.is_listed()
+        let synced = members.iter().all(|m| {
+            m.removed || (m.exports.is_listed() && m.services.is_listed() && m.slices.is_listed())
+        }) && local.namespaces.is_listed()
             && local.imports.is_listed()
             && local.imported.is_listed();
         if !synced || dirty.is_empty() {
@@ -191,7 +238,9 @@ pub(super) async fn run(
         let keys = std::mem::take(&mut dirty);
         let now = Instant::now();
         for key in keys {
-            let Ok(service) = ServiceRef::new(&key.0, &key.1) else { continue };
+            let Ok(service) = ServiceRef::new(&key.0, &key.1) else {
+                continue;
+            };
             update_merge(&mut merge, &members, &service, &key, &config);
             let inputs = inputs_for(&members, &local, &merge, &service, &key, &config, now);
             let plan = reconcile::plan(&inputs);
@@ -209,8 +258,18 @@ pub(super) async fn run(
                 }
             }
         }
-        metrics.services.set(i64::try_from(merge.len()).unwrap_or(i64::MAX));
-        metrics.reachable.set(i64::try_from(members.iter().filter(|m| m.failing_since().is_none()).count()).unwrap_or(0));
+        metrics
+            .services
+            .set(i64::try_from(merge.len()).unwrap_or(i64::MAX));
+        metrics.reachable.set(
+            i64::try_from(
+                members
+                    .iter()
+                    .filter(|m| m.failing_since().is_none())
+                    .count(),
+            )
+            .unwrap_or(0),
+        );
         if !ready.swap(true, Ordering::AcqRel) {
             tracing::info!(cluster = %config.local, "agent synced and reconciled");
         }
@@ -240,7 +299,12 @@ fn spawn_watch<K, F>(
 
 /// Watches ServiceExports at the version the member serves: `v1beta1`, or `v1alpha1` on a
 /// member that has not upgraded its CRDs (identical schema, converted on the way in).
-fn spawn_export_watch(tasks: &mut tokio::task::JoinSet<()>, tx: &mpsc::Sender<Msg>, member: usize, client: kube::Client) {
+fn spawn_export_watch(
+    tasks: &mut tokio::task::JoinSet<()>,
+    tx: &mpsc::Sender<Msg>,
+    member: usize,
+    client: kube::Client,
+) {
     let tx = tx.clone();
     tasks.spawn(async move {
         let alpha_only = match kube::discovery::group(&client, MCS_GROUP).await {
@@ -263,18 +327,34 @@ fn spawn_export_watch(tasks: &mut tokio::task::JoinSet<()>, tx: &mpsc::Sender<Ms
 }
 
 /// Lists one ServiceExport every `interval` and reports whether that worked.
-fn spawn_probe(tasks: &mut tokio::task::JoinSet<()>, tx: &mpsc::Sender<Msg>, member: usize, client: kube::Client, interval: Duration) {
+fn spawn_probe(
+    tasks: &mut tokio::task::JoinSet<()>,
+    tx: &mpsc::Sender<Msg>,
+    member: usize,
+    client: kube::Client,
+    interval: Duration,
+) {
     let tx = tx.clone();
     tasks.spawn(async move {
         let api = Api::<ServiceExport>::all(client);
         let mut tick = tokio::time::interval(interval);
         loop {
             tick.tick().await;
-            let result = tokio::time::timeout(interval.max(Duration::from_secs(1)), api.list_metadata(&kube::api::ListParams::default().limit(1)))
+            let result = tokio::time::timeout(
+                interval.max(Duration::from_secs(1)),
+                api.list_metadata(&kube::api::ListParams::default().limit(1)),
+            )
+            .await
+            .map_err(|_| "no answer in time".to_owned())
+            .and_then(|r| r.map(|_| ()).map_err(|e| e.to_string()));
+            if tx
+                .send(Msg {
+                    member,
+                    fact: Fact::Probe(result),
+                })
                 .await
-                .map_err(|_| "no answer in time".to_owned())
-                .and_then(|r| r.map(|_| ()).map_err(|e| e.to_string()));
-            if tx.send(Msg { member, fact: Fact::Probe(result) }).await.is_err() {
+                .is_err()
+            {
                 return;
             }
         }
@@ -296,7 +376,10 @@ fn map_event<A, B>(event: Event<A>, f: impl Fn(A) -> B) -> Event<B> {
 /// and never writes to it.
 fn typed_import(obj: kube::api::DynamicObject) -> ServiceImport {
     let metadata = obj.metadata.clone();
-    match serde_json::to_value(&obj).map_err(|e| e.to_string()).and_then(|v| serde_json::from_value::<ServiceImport>(v).map_err(|e| e.to_string())) {
+    match serde_json::to_value(&obj)
+        .map_err(|e| e.to_string())
+        .and_then(|v| serde_json::from_value::<ServiceImport>(v).map_err(|e| e.to_string()))
+    {
         Ok(typed) => typed,
         Err(error) => {
             tracing::warn!(
@@ -307,7 +390,9 @@ fn typed_import(obj: kube::api::DynamicObject) -> ServiceImport {
             );
             let mut placeholder = ServiceImport::new(
                 metadata.name.as_deref().unwrap_or(""),
-                mcs_core::api::ServiceImportSpec::new(mcs_core::api::ServiceImportType::ClusterSetIp),
+                mcs_core::api::ServiceImportSpec::new(
+                    mcs_core::api::ServiceImportType::ClusterSetIp,
+                ),
             );
             placeholder.metadata.namespace = metadata.namespace;
             placeholder.metadata.resource_version = metadata.resource_version;
@@ -315,8 +400,6 @@ fn typed_import(obj: kube::api::DynamicObject) -> ServiceImport {
         }
     }
 }
-
-
 
 async fn forward<K, F>(
     stream: impl Stream<Item = Result<Event<K>, watcher::Error>>,
@@ -339,8 +422,15 @@ async fn forward<K, F>(
     }
 }
 
-fn handle(members: &mut [MemberState], local: &mut LocalState, msg: Msg, dirty: &mut BTreeSet<Key>) {
-    let Some(m) = members.get_mut(msg.member) else { return };
+fn handle(
+    members: &mut [MemberState],
+    local: &mut LocalState,
+    msg: Msg,
+    dirty: &mut BTreeSet<Key>,
+) {
+    let Some(m) = members.get_mut(msg.member) else {
+        return;
+    };
     let was_failing = m.failing_since().is_some();
     match &msg.fact {
         Fact::Error(kind, error) => {
@@ -376,7 +466,10 @@ fn handle(members: &mut [MemberState], local: &mut LocalState, msg: Msg, dirty: 
             local.namespaces.handle(e);
             let after: BTreeSet<Key> = local.namespaces.services().cloned().collect();
             // A namespace appearing or going touches every service in it.
-            let changed: BTreeSet<String> = before.symmetric_difference(&after).map(|k| k.1.clone()).collect();
+            let changed: BTreeSet<String> = before
+                .symmetric_difference(&after)
+                .map(|k| k.1.clone())
+                .collect();
             members
                 .iter()
                 .flat_map(all_services)
@@ -392,13 +485,27 @@ fn handle(members: &mut [MemberState], local: &mut LocalState, msg: Msg, dirty: 
 }
 
 fn all_services(m: &MemberState) -> BTreeSet<Key> {
-    m.exports.services().chain(m.services.services()).chain(m.slices.services()).cloned().collect()
+    m.exports
+        .services()
+        .chain(m.services.services())
+        .chain(m.slices.services())
+        .cloned()
+        .collect()
 }
 
 /// Feeds the current constituents of one service into the merge state.
-fn update_merge(merge: &mut ClusterSetState, members: &[MemberState], service: &ServiceRef, key: &Key, config: &AgentConfig) {
+fn update_merge(
+    merge: &mut ClusterSetState,
+    members: &[MemberState],
+    service: &ServiceRef,
+    key: &Key,
+    config: &AgentConfig,
+) {
     for m in members {
-        let export = m.exports.get(key).filter(|_| !m.removed && config.namespace_allowed(&key.0));
+        let export = m
+            .exports
+            .get(key)
+            .filter(|_| !m.removed && config.namespace_allowed(&key.0));
         let constituent = export.and_then(|export| {
             let facts = match m.services.get(key).map(ServiceFacts::try_from) {
                 None => None,
@@ -461,12 +568,20 @@ fn inputs_for<'a>(
         }
     });
     let derived = local_member
-        .map(|m| m.services.of_service(key).filter(|s| is_ours(&s.metadata.labels)).collect::<Vec<_>>())
+        .map(|m| {
+            m.services
+                .of_service(key)
+                .filter(|s| is_ours(&s.metadata.labels))
+                .collect::<Vec<_>>()
+        })
         .unwrap_or_default();
     ServiceInputs {
         service: service.clone(),
         local: config.local.clone(),
-        namespace_exists: local.namespaces.get(&(String::new(), key.0.clone())).is_some(),
+        namespace_exists: local
+            .namespaces
+            .get(&(String::new(), key.0.clone()))
+            .is_some(),
         namespace_allowed: config.namespace_allowed(&key.0),
         outcome: merge.outcome(service),
         sources,
@@ -484,7 +599,10 @@ fn inputs_for<'a>(
 }
 
 fn is_ours(labels: &Option<BTreeMap<String, String>>) -> bool {
-    labels.as_ref().and_then(|l| l.get(LABEL_MANAGED_BY)).is_some_and(|v| v == MANAGED_BY)
+    labels
+        .as_ref()
+        .and_then(|l| l.get(LABEL_MANAGED_BY))
+        .is_some_and(|v| v == MANAGED_BY)
 }
 
 /// A Service belongs to its own key, except the derived Services the agent writes, which
@@ -494,19 +612,28 @@ fn service_of_service(s: &Service) -> Option<Key> {
     if is_ours(labels)
         && let Some(name) = labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME))
     {
-        return Some((s.metadata.namespace.clone().unwrap_or_default(), name.clone()));
+        return Some((
+            s.metadata.namespace.clone().unwrap_or_default(),
+            name.clone(),
+        ));
     }
     Some(key_of(s))
 }
 
 fn service_of_slice(s: &EndpointSlice) -> Option<Key> {
     let name = s.metadata.labels.as_ref()?.get(LABEL_K8S_SERVICE_NAME)?;
-    Some((s.metadata.namespace.clone().unwrap_or_default(), name.clone()))
+    Some((
+        s.metadata.namespace.clone().unwrap_or_default(),
+        name.clone(),
+    ))
 }
 
 fn service_of_mcs_slice(s: &EndpointSlice) -> Option<Key> {
     let name = s.metadata.labels.as_ref()?.get(LABEL_SERVICE_NAME)?;
-    Some((s.metadata.namespace.clone().unwrap_or_default(), name.clone()))
+    Some((
+        s.metadata.namespace.clone().unwrap_or_default(),
+        name.clone(),
+    ))
 }
 
 fn namespace_key(n: &Namespace) -> Option<Key> {

@@ -34,10 +34,24 @@ pub fn derived_service_name(namespace: &str, name: &str) -> String {
 
 /// The name of an imported slice: `imported-<svc>-<cluster>-<family>[-<n>]`, hashed when
 /// it would exceed 253 characters.
-pub fn imported_slice_name(service: &str, cluster: &ClusterId, family: &str, index: usize, ports_key: &str) -> String {
+pub fn imported_slice_name(
+    service: &str,
+    cluster: &ClusterId,
+    family: &str,
+    index: usize,
+    ports_key: &str,
+) -> String {
     let family = family.to_ascii_lowercase();
-    let suffix = if ports_key.is_empty() { String::new() } else { format!("-{}", short_hash(ports_key)) };
-    let index = if index == 0 { String::new() } else { format!("-{index}") };
+    let suffix = if ports_key.is_empty() {
+        String::new()
+    } else {
+        format!("-{}", short_hash(ports_key))
+    };
+    let index = if index == 0 {
+        String::new()
+    } else {
+        format!("-{index}")
+    };
     let name = format!("imported-{service}-{cluster}-{family}{suffix}{index}");
     if name.len() <= 253 {
         name
@@ -53,7 +67,12 @@ fn short_hash(s: &str) -> String {
 
 /// The derived Service of a ClusterSetIP import: selector-less ClusterIP, same ports, owned
 /// by the ServiceImport (so it goes when the import goes).
-pub fn derived_service(namespace: &str, import_name: &str, import_uid: Option<&str>, ports: &[ServicePort]) -> Service {
+pub fn derived_service(
+    namespace: &str,
+    import_name: &str,
+    import_uid: Option<&str>,
+    ports: &[ServicePort],
+) -> Service {
     let name = derived_service_name(namespace, import_name);
     let owner = import_uid.map(|uid| OwnerReference {
         api_version: "multicluster.x-k8s.io/v1beta1".into(),
@@ -113,10 +132,16 @@ pub fn imported_slices(
 ) -> Vec<EndpointSlice> {
     let wanted: BTreeSet<(String, String)> = ports
         .iter()
-        .map(|p| (p.name.clone().unwrap_or_default(), p.protocol_or_default().as_str().to_owned()))
+        .map(|p| {
+            (
+                p.name.clone().unwrap_or_default(),
+                p.protocol_or_default().as_str().to_owned(),
+            )
+        })
         .collect();
     // (family, ports) -> address -> endpoint
-    let mut groups: BTreeMap<(String, Vec<EndpointPortKey>), BTreeMap<String, Endpoint>> = BTreeMap::new();
+    let mut groups: BTreeMap<(String, Vec<EndpointPortKey>), BTreeMap<String, Endpoint>> =
+        BTreeMap::new();
     for slice in source {
         if slice.address_type != "IPv4" && slice.address_type != "IPv6" {
             continue;
@@ -132,7 +157,9 @@ pub fn imported_slices(
                     port: p.port?,
                     app_protocol: p.app_protocol.clone(),
                 };
-                wanted.contains(&(key.name.clone(), key.protocol.clone())).then_some(key)
+                wanted
+                    .contains(&(key.name.clone(), key.protocol.clone()))
+                    .then_some(key)
             })
             .collect();
         slice_ports.sort();
@@ -140,9 +167,13 @@ pub fn imported_slices(
         if slice_ports.is_empty() {
             continue;
         }
-        let group = groups.entry((slice.address_type.clone(), slice_ports)).or_default();
+        let group = groups
+            .entry((slice.address_type.clone(), slice_ports))
+            .or_default();
         for ep in &slice.endpoints {
-            let Some(first) = ep.addresses.first() else { continue };
+            let Some(first) = ep.addresses.first() else {
+                continue;
+            };
             let imported = Endpoint {
                 addresses: ep.addresses.clone(),
                 conditions: ep.conditions.clone(),
@@ -158,7 +189,11 @@ pub fn imported_slices(
     }
     let mut out = Vec::new();
     for ((family, ports), endpoints) in groups {
-        let ports_key = ports.iter().map(|p| format!("{}/{}/{}", p.name, p.protocol, p.port)).collect::<Vec<_>>().join(",");
+        let ports_key = ports
+            .iter()
+            .map(|p| format!("{}/{}/{}", p.name, p.protocol, p.port))
+            .collect::<Vec<_>>()
+            .join(",");
         let endpoints: Vec<Endpoint> = endpoints.into_values().collect();
         for (index, chunk) in endpoints.chunks(MAX_ENDPOINTS_PER_SLICE).enumerate() {
             let mut labels = BTreeMap::from([
@@ -173,7 +208,9 @@ pub fn imported_slices(
             out.push(EndpointSlice {
                 address_type: family.clone(),
                 metadata: ObjectMeta {
-                    name: Some(imported_slice_name(service, cluster, &family, index, &ports_key)),
+                    name: Some(imported_slice_name(
+                        service, cluster, &family, index, &ports_key,
+                    )),
                     namespace: Some(namespace.to_owned()),
                     labels: Some(labels),
                     ..Default::default()
@@ -217,7 +254,11 @@ mod tests {
         assert!(name.starts_with("derived-") && name.len() == 18, "{name}");
         assert_eq!(name, derived_service_name("demo", "serve"), "deterministic");
         assert_ne!(name, derived_service_name("demo", "other"));
-        assert!(name[8..].chars().all(|c| c.is_ascii_digit() || ('a'..='v').contains(&c)));
+        assert!(
+            name[8..]
+                .chars()
+                .all(|c| c.is_ascii_digit() || ('a'..='v').contains(&c))
+        );
     }
 
     fn source(family: &str, addrs: &[&str], ports: &[(&str, i32)]) -> EndpointSlice {
@@ -228,30 +269,65 @@ mod tests {
                 .iter()
                 .map(|a| Endpoint {
                     addresses: vec![a.to_string()],
-                    conditions: Some(EndpointConditions { ready: Some(true), ..Default::default() }),
+                    conditions: Some(EndpointConditions {
+                        ready: Some(true),
+                        ..Default::default()
+                    }),
                     node_name: Some("node-1".into()),
                     ..Default::default()
                 })
                 .collect(),
-            ports: Some(ports.iter().map(|(n, p)| EndpointPort { name: Some(n.to_string()), port: Some(*p), protocol: Some("TCP".into()), ..Default::default() }).collect()),
+            ports: Some(
+                ports
+                    .iter()
+                    .map(|(n, p)| EndpointPort {
+                        name: Some(n.to_string()),
+                        port: Some(*p),
+                        protocol: Some("TCP".into()),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
         }
     }
 
     fn port(name: &str, port: i32) -> ServicePort {
-        ServicePort { name: Some(name.into()), protocol: Some(Protocol::Tcp), app_protocol: None, port }
+        ServicePort {
+            name: Some(name.into()),
+            protocol: Some(Protocol::Tcp),
+            app_protocol: None,
+            port,
+        }
     }
 
     #[test]
     fn slices_are_grouped_deduplicated_chunked_and_labelled() {
         let east = ClusterId::new("east").unwrap();
-        let addrs: Vec<String> = (0..150).map(|i| format!("10.0.{}.{}", i / 100, i % 100 + 1)).collect();
+        let addrs: Vec<String> = (0..150)
+            .map(|i| format!("10.0.{}.{}", i / 100, i % 100 + 1))
+            .collect();
         let refs: Vec<&str> = addrs.iter().map(String::as_str).collect();
         let s1 = source("IPv4", &refs[..120], &[("grpc", 8443)]);
         let s2 = source("IPv4", &refs[100..], &[("grpc", 8443)]);
         let s3 = source("IPv6", &["fd00::1"], &[("grpc", 8443), ("metrics", 9090)]);
-        let out = imported_slices("loyalty", "loyalty-accrual", Some("derived-abc"), &east, &[s1, s2, s3], &[port("grpc", 9443)]);
-        assert_eq!(out.len(), 3, "150 IPv4 endpoints in two chunks plus one IPv6 slice");
-        let total: usize = out.iter().filter(|s| s.address_type == "IPv4").map(|s| s.endpoints.len()).sum();
+        let out = imported_slices(
+            "loyalty",
+            "loyalty-accrual",
+            Some("derived-abc"),
+            &east,
+            &[s1, s2, s3],
+            &[port("grpc", 9443)],
+        );
+        assert_eq!(
+            out.len(),
+            3,
+            "150 IPv4 endpoints in two chunks plus one IPv6 slice"
+        );
+        let total: usize = out
+            .iter()
+            .filter(|s| s.address_type == "IPv4")
+            .map(|s| s.endpoints.len())
+            .sum();
         assert_eq!(total, 150, "duplicates across source slices removed");
         for s in &out {
             let labels = s.metadata.labels.as_ref().unwrap();
@@ -259,15 +335,44 @@ mod tests {
             assert_eq!(labels[LABEL_SOURCE_CLUSTER], "east");
             assert_eq!(labels[LABEL_SLICE_MANAGED_BY], MANAGED_BY);
             assert_eq!(labels[LABEL_K8S_SERVICE_NAME], "derived-abc");
-            assert_eq!(s.ports.as_ref().unwrap().len(), 1, "metrics is not an import port");
+            assert_eq!(
+                s.ports.as_ref().unwrap().len(),
+                1,
+                "metrics is not an import port"
+            );
             assert!(s.endpoints.len() <= MAX_ENDPOINTS_PER_SLICE);
             assert!(s.endpoints.iter().all(|e| e.node_name.is_none()));
         }
-        let names: BTreeSet<_> = out.iter().map(|s| s.metadata.name.clone().unwrap()).collect();
+        let names: BTreeSet<_> = out
+            .iter()
+            .map(|s| s.metadata.name.clone().unwrap())
+            .collect();
         assert_eq!(names.len(), 3, "unique names");
-        let again = imported_slices("loyalty", "loyalty-accrual", Some("derived-abc"), &east, &[source("IPv4", &refs[..120], &[("grpc", 8443)]), source("IPv4", &refs[100..], &[("grpc", 8443)]), source("IPv6", &["fd00::1"], &[("grpc", 8443), ("metrics", 9090)])], &[port("grpc", 9443)]);
+        let again = imported_slices(
+            "loyalty",
+            "loyalty-accrual",
+            Some("derived-abc"),
+            &east,
+            &[
+                source("IPv4", &refs[..120], &[("grpc", 8443)]),
+                source("IPv4", &refs[100..], &[("grpc", 8443)]),
+                source("IPv6", &["fd00::1"], &[("grpc", 8443), ("metrics", 9090)]),
+            ],
+            &[port("grpc", 9443)],
+        );
         assert_eq!(again, out, "deterministic");
-        assert!(imported_slices("loyalty", "x", None, &east, &[source("IPv4", &["10.0.0.1"], &[("other", 1)])], &[port("grpc", 1)]).is_empty(), "no eligible port, no slice");
+        assert!(
+            imported_slices(
+                "loyalty",
+                "x",
+                None,
+                &east,
+                &[source("IPv4", &["10.0.0.1"], &[("other", 1)])],
+                &[port("grpc", 1)]
+            )
+            .is_empty(),
+            "no eligible port, no slice"
+        );
     }
 
     #[test]

@@ -13,7 +13,10 @@ pub type Key = (String, String);
 /// The key of an object.
 pub fn key_of<K: Resource>(obj: &K) -> Key {
     let meta = obj.meta();
-    (meta.namespace.clone().unwrap_or_default(), meta.name.clone().unwrap_or_default())
+    (
+        meta.namespace.clone().unwrap_or_default(),
+        meta.name.clone().unwrap_or_default(),
+    )
 }
 
 /// Objects of one kind from one cluster, with the service each belongs to.
@@ -30,7 +33,13 @@ impl<K: Resource + Clone + PartialEq> Store<K> {
     /// An empty store; `service_of` says which service an object belongs to (`None`:
     /// ignore the object).
     pub fn new(service_of: fn(&K) -> Option<Key>) -> Self {
-        Self { objects: BTreeMap::new(), by_service: BTreeMap::new(), service_of, listing: Vec::new(), listed: false }
+        Self {
+            objects: BTreeMap::new(),
+            by_service: BTreeMap::new(),
+            service_of,
+            listing: Vec::new(),
+            listed: false,
+        }
     }
 
     /// Applies one watch event; returns the services it touched.
@@ -62,8 +71,13 @@ impl<K: Resource + Clone + PartialEq> Store<K> {
             return touched;
         }
         touched.extend(self.delete(&key));
-        let Some(service) = (self.service_of)(&obj) else { return touched };
-        self.by_service.entry(service.clone()).or_default().insert(key.clone());
+        let Some(service) = (self.service_of)(&obj) else {
+            return touched;
+        };
+        self.by_service
+            .entry(service.clone())
+            .or_default()
+            .insert(key.clone());
         self.objects.insert(key, obj);
         touched.insert(service);
         touched
@@ -89,7 +103,12 @@ impl<K: Resource + Clone + PartialEq> Store<K> {
     /// Replaces everything with `list` at once; returns the services whose objects changed.
     pub fn reset(&mut self, list: Vec<K>) -> BTreeSet<Key> {
         let fresh: BTreeSet<Key> = list.iter().map(key_of).collect();
-        let gone: Vec<Key> = self.objects.keys().filter(|k| !fresh.contains(*k)).cloned().collect();
+        let gone: Vec<Key> = self
+            .objects
+            .keys()
+            .filter(|k| !fresh.contains(*k))
+            .cloned()
+            .collect();
         let mut touched = BTreeSet::new();
         for key in gone {
             touched.extend(self.delete(&key));
@@ -115,7 +134,11 @@ impl<K: Resource + Clone + PartialEq> Store<K> {
 
     /// The objects belonging to `service`.
     pub fn of_service<'a>(&'a self, service: &Key) -> impl Iterator<Item = &'a K> + 'a {
-        self.by_service.get(service).into_iter().flatten().filter_map(|k| self.objects.get(k))
+        self.by_service
+            .get(service)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| self.objects.get(k))
     }
 
     /// Every service with at least one object.
@@ -161,7 +184,10 @@ mod tests {
                 name: Some(name.into()),
                 namespace: Some("ns".into()),
                 resource_version: Some(rv.into()),
-                labels: Some(BTreeMap::from([("kubernetes.io/service-name".to_string(), svc.to_string())])),
+                labels: Some(BTreeMap::from([(
+                    "kubernetes.io/service-name".to_string(),
+                    svc.to_string(),
+                )])),
                 ..Default::default()
             },
             endpoints: vec![],
@@ -170,7 +196,11 @@ mod tests {
     }
 
     fn service_of(s: &EndpointSlice) -> Option<Key> {
-        let svc = s.metadata.labels.as_ref()?.get("kubernetes.io/service-name")?;
+        let svc = s
+            .metadata
+            .labels
+            .as_ref()?
+            .get("kubernetes.io/service-name")?;
         Some((s.metadata.namespace.clone()?, svc.clone()))
     }
 
@@ -181,10 +211,19 @@ mod tests {
     #[test]
     fn apply_delete_reset_report_touched_services() {
         let mut store = Store::new(service_of);
-        assert_eq!(store.apply(slice("a-1", "a", "1")), BTreeSet::from([k("a")]));
-        assert!(store.apply(slice("a-1", "a", "1")).is_empty(), "same object: no change");
+        assert_eq!(
+            store.apply(slice("a-1", "a", "1")),
+            BTreeSet::from([k("a")])
+        );
+        assert!(
+            store.apply(slice("a-1", "a", "1")).is_empty(),
+            "same object: no change"
+        );
         // The slice moves to another service: both are touched.
-        assert_eq!(store.apply(slice("a-1", "b", "2")), BTreeSet::from([k("a"), k("b")]));
+        assert_eq!(
+            store.apply(slice("a-1", "b", "2")),
+            BTreeSet::from([k("a"), k("b")])
+        );
         assert_eq!(store.of_service(&k("b")).count(), 1);
         assert_eq!(store.of_service(&k("a")).count(), 0);
         store.apply(slice("c-1", "c", "1"));

@@ -53,7 +53,9 @@ pub struct Member {
 
 impl std::fmt::Debug for Member {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Member").field("id", &self.id).finish_non_exhaustive()
+        f.debug_struct("Member")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
     }
 }
 
@@ -121,7 +123,9 @@ impl AgentConfig {
 
     /// Whether exports in `namespace` are allowed.
     pub fn namespace_allowed(&self, namespace: &str) -> bool {
-        self.allowed_namespaces.as_ref().is_none_or(|list| list.iter().any(|n| n == namespace))
+        self.allowed_namespaces
+            .as_ref()
+            .is_none_or(|list| list.iter().any(|n| n == namespace))
     }
 }
 
@@ -146,10 +150,26 @@ pub struct AgentMetrics {
 impl AgentMetrics {
     /// Registers `mcs_agent_*` metrics.
     pub fn register(&self, registry: &mut Registry) {
-        registry.register("mcs_agent_reconciles", "Services reconciled", self.reconciles.clone());
-        registry.register("mcs_agent_reconcile_errors", "Reconciles that failed and will be retried", self.errors.clone());
-        registry.register("mcs_agent_services", "Exported services known in the ClusterSet", self.services.clone());
-        registry.register("mcs_agent_reachable_members", "Members whose watches are healthy", self.reachable.clone());
+        registry.register(
+            "mcs_agent_reconciles",
+            "Services reconciled",
+            self.reconciles.clone(),
+        );
+        registry.register(
+            "mcs_agent_reconcile_errors",
+            "Reconciles that failed and will be retried",
+            self.errors.clone(),
+        );
+        registry.register(
+            "mcs_agent_services",
+            "Exported services known in the ClusterSet",
+            self.services.clone(),
+        );
+        registry.register(
+            "mcs_agent_reachable_members",
+            "Members whose watches are healthy",
+            self.reachable.clone(),
+        );
     }
 
     /// Reconciles so far.
@@ -169,7 +189,11 @@ pub struct Agent {
 impl Agent {
     /// An agent with these settings.
     pub fn new(config: AgentConfig) -> Self {
-        Self { config, ready: Arc::new(AtomicBool::new(false)), metrics: AgentMetrics::default() }
+        Self {
+            config,
+            ready: Arc::new(AtomicBool::new(false)),
+            metrics: AgentMetrics::default(),
+        }
     }
 
     /// Turns true once every watch has listed and the first reconcile ran.

@@ -9,12 +9,13 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use mcs_core::ClusterId;
 use mcs_core::api::{
-    ANNOTATION_DERIVED_SERVICE, EndpointSliceObjects, IpFamily, ServiceImportStatus, ServiceImportType, ServicePort,
+    ANNOTATION_DERIVED_SERVICE, EndpointSliceObjects, IpFamily, ServiceImportStatus,
+    ServiceImportType, ServicePort,
     v1beta1::{ServiceExport, ServiceImport},
 };
 use mcs_core::conditions::{
-    ConditionStatus, ConflictReasons, DesiredCondition, ExportConditionType, ExportReadyReason, ImportConditionType,
-    ImportReadyReason, ValidReason, upsert,
+    ConditionStatus, ConflictReasons, DesiredCondition, ExportConditionType, ExportReadyReason,
+    ImportConditionType, ImportReadyReason, ValidReason, upsert,
 };
 use mcs_core::merge::{MergeOutcome, MergedImport};
 use mcs_core::name::ServiceRef;
@@ -105,7 +106,10 @@ pub fn plan(inputs: &ServiceInputs<'_>) -> Plan {
 
 /// [`plan`] with the time passed in.
 pub fn plan_at(inputs: &ServiceInputs<'_>, wall: &Time) -> Plan {
-    let mut plan = Plan { export_conditions: export_conditions(inputs, wall), ..Plan::default() };
+    let mut plan = Plan {
+        export_conditions: export_conditions(inputs, wall),
+        ..Plan::default()
+    };
     let ns = inputs.service.namespace.as_str();
     let name = inputs.service.name.as_str();
     if let Some(existing) = inputs.observed.import
@@ -115,17 +119,32 @@ pub fn plan_at(inputs: &ServiceInputs<'_>, wall: &Time) -> Plan {
         return plan;
     }
     let import = inputs.outcome.as_ref().and_then(|o| o.import.as_ref());
-    let Some(merged) = import.filter(|_| inputs.namespace_exists && inputs.namespace_allowed) else {
+    let Some(merged) = import.filter(|_| inputs.namespace_exists && inputs.namespace_allowed)
+    else {
         // No import here: remove whatever the agent wrote for this service.
         plan.delete_import = inputs.observed.import.is_some();
-        plan.delete_derived = inputs.observed.derived.iter().filter_map(|s| s.metadata.name.clone()).collect();
-        plan.delete_slices = inputs.observed.imported.iter().filter_map(|s| s.metadata.name.clone()).collect();
+        plan.delete_derived = inputs
+            .observed
+            .derived
+            .iter()
+            .filter_map(|s| s.metadata.name.clone())
+            .collect();
+        plan.delete_slices = inputs
+            .observed
+            .imported
+            .iter()
+            .filter_map(|s| s.metadata.name.clone())
+            .collect();
         return plan;
     };
 
     let clusterset_ip = merged.spec.type_ == ServiceImportType::ClusterSetIp;
     let derived_name = desired::derived_service_name(ns, name);
-    let observed_derived = inputs.observed.derived.iter().find(|s| s.metadata.name.as_deref() == Some(derived_name.as_str()));
+    let observed_derived = inputs
+        .observed
+        .derived
+        .iter()
+        .find(|s| s.metadata.name.as_deref() == Some(derived_name.as_str()));
 
     // The ServiceImport: the merged spec; IPs and families from the derived Service.
     let mut want = merged.to_service_import(&inputs.service);
@@ -133,7 +152,10 @@ pub fn plan_at(inputs: &ServiceInputs<'_>, wall: &Time) -> Plan {
     let labels = want.metadata.labels.get_or_insert_with(BTreeMap::new);
     labels.insert(LABEL_MANAGED_BY.to_owned(), MANAGED_BY.to_owned());
     if clusterset_ip {
-        want.metadata.annotations.get_or_insert_with(BTreeMap::new).insert(ANNOTATION_DERIVED_SERVICE.to_owned(), derived_name.clone());
+        want.metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(ANNOTATION_DERIVED_SERVICE.to_owned(), derived_name.clone());
         let (ips, families) = observed_derived.map(|s| derived_ips(s)).unwrap_or_default();
         want.spec.ips = (!ips.is_empty()).then_some(ips);
         if !families.is_empty() {
@@ -142,7 +164,11 @@ pub fn plan_at(inputs: &ServiceInputs<'_>, wall: &Time) -> Plan {
     } else {
         want.spec.ips = None;
     }
-    if inputs.observed.import.is_none_or(|have| !import_matches(have, &want)) {
+    if inputs
+        .observed
+        .import
+        .is_none_or(|have| !import_matches(have, &want))
+    {
         plan.import = Some(want);
     }
     if clusterset_ip {
@@ -164,26 +190,67 @@ pub fn plan_at(inputs: &ServiceInputs<'_>, wall: &Time) -> Plan {
     let derived_label = clusterset_ip.then_some(derived_name.as_str());
     let mut wanted_slices = Vec::new();
     for cluster in &merged.clusters {
-        let Some(sources) = inputs.sources.get(cluster) else { continue };
+        let Some(sources) = inputs.sources.get(cluster) else {
+            continue;
+        };
         let ports = routed_ports(merged, cluster);
         let owned: Vec<EndpointSlice> = sources.iter().map(|s| (*s).clone()).collect();
-        wanted_slices.extend(desired::imported_slices(ns, name, derived_label, cluster, &owned, &ports));
+        wanted_slices.extend(desired::imported_slices(
+            ns,
+            name,
+            derived_label,
+            cluster,
+            &owned,
+            &ports,
+        ));
     }
-    let observed: BTreeMap<&str, &EndpointSlice> =
-        inputs.observed.imported.iter().filter_map(|s| Some((s.metadata.name.as_deref()?, *s))).collect();
+    let observed: BTreeMap<&str, &EndpointSlice> = inputs
+        .observed
+        .imported
+        .iter()
+        .filter_map(|s| Some((s.metadata.name.as_deref()?, *s)))
+        .collect();
     for slice in &wanted_slices {
         let name = slice.metadata.name.as_deref().unwrap_or_default();
-        if observed.get(name).is_none_or(|have| !slice_matches(have, slice)) {
+        if observed
+            .get(name)
+            .is_none_or(|have| !slice_matches(have, slice))
+        {
             plan.apply_slices.push(slice.clone());
         }
     }
-    let wanted_names: Vec<&str> = wanted_slices.iter().filter_map(|s| s.metadata.name.as_deref()).collect();
-    plan.delete_slices = observed.keys().filter(|n| !wanted_names.contains(n)).map(|n| (*n).to_owned()).collect();
+    let wanted_names: Vec<&str> = wanted_slices
+        .iter()
+        .filter_map(|s| s.metadata.name.as_deref())
+        .collect();
+    plan.delete_slices = observed
+        .keys()
+        .filter(|n| !wanted_names.contains(n))
+        .map(|n| (*n).to_owned())
+        .collect();
 
     // The status: exporting clusters, Ready, endpointSliceObjects.
-    let eso = if wanted_slices.is_empty() { EndpointSliceObjects::Absent } else { EndpointSliceObjects::Present };
-    let ready = import_ready(inputs, merged, clusterset_ip, want_has_ips(&plan, inputs.observed.import, clusterset_ip, observed_derived));
-    let have = inputs.observed.import.and_then(|i| i.status.clone()).unwrap_or_default();
+    let eso = if wanted_slices.is_empty() {
+        EndpointSliceObjects::Absent
+    } else {
+        EndpointSliceObjects::Present
+    };
+    let ready = import_ready(
+        inputs,
+        merged,
+        clusterset_ip,
+        want_has_ips(
+            &plan,
+            inputs.observed.import,
+            clusterset_ip,
+            observed_derived,
+        ),
+    );
+    let have = inputs
+        .observed
+        .import
+        .and_then(|i| i.status.clone())
+        .unwrap_or_default();
     let mut conditions = have.conditions.clone().unwrap_or_default();
     let changed_condition = upsert(&mut conditions, &ready, None, wall);
     let status = ServiceImportStatus {
@@ -191,22 +258,42 @@ pub fn plan_at(inputs: &ServiceInputs<'_>, wall: &Time) -> Plan {
         conditions: Some(conditions),
         endpoint_slice_objects: Some(eso),
     };
-    if changed_condition || have.clusters != status.clusters || have.endpoint_slice_objects != status.endpoint_slice_objects || plan.import.is_some() && inputs.observed.import.is_none() {
+    if changed_condition
+        || have.clusters != status.clusters
+        || have.endpoint_slice_objects != status.endpoint_slice_objects
+        || plan.import.is_some() && inputs.observed.import.is_none()
+    {
         plan.import_status = Some(status);
     }
     plan
 }
 
-fn want_has_ips(plan: &Plan, observed: Option<&ServiceImport>, clusterset_ip: bool, derived: Option<&&Service>) -> bool {
+fn want_has_ips(
+    plan: &Plan,
+    observed: Option<&ServiceImport>,
+    clusterset_ip: bool,
+    derived: Option<&&Service>,
+) -> bool {
     if !clusterset_ip {
         return true;
     }
-    let from_plan = plan.import.as_ref().and_then(|i| i.spec.ips.as_ref()).is_some_and(|v| !v.is_empty());
-    let from_observed = observed.and_then(|i| i.spec.ips.as_ref()).is_some_and(|v| !v.is_empty());
+    let from_plan = plan
+        .import
+        .as_ref()
+        .and_then(|i| i.spec.ips.as_ref())
+        .is_some_and(|v| !v.is_empty());
+    let from_observed = observed
+        .and_then(|i| i.spec.ips.as_ref())
+        .is_some_and(|v| !v.is_empty());
     from_plan || from_observed || derived.is_some_and(|d| !derived_ips(d).0.is_empty())
 }
 
-fn import_ready(inputs: &ServiceInputs<'_>, merged: &MergedImport, clusterset_ip: bool, has_ips: bool) -> DesiredCondition {
+fn import_ready(
+    inputs: &ServiceInputs<'_>,
+    merged: &MergedImport,
+    clusterset_ip: bool,
+    has_ips: bool,
+) -> DesiredCondition {
     let ready = ImportConditionType::Ready.as_str();
     if !has_ips {
         return DesiredCondition::new(
@@ -231,7 +318,12 @@ fn import_ready(inputs: &ServiceInputs<'_>, merged: &MergedImport, clusterset_ip
             ));
         }
     }
-    DesiredCondition::new(ready, ConditionStatus::True, ImportReadyReason::Ready.as_str(), notes.join("; "))
+    DesiredCondition::new(
+        ready,
+        ConditionStatus::True,
+        ImportReadyReason::Ready.as_str(),
+        notes.join("; "),
+    )
 }
 
 fn export_conditions(inputs: &ServiceInputs<'_>, wall: &Time) -> Option<Vec<Condition>> {
@@ -239,20 +331,31 @@ fn export_conditions(inputs: &ServiceInputs<'_>, wall: &Time) -> Option<Vec<Cond
     let generation = export.metadata.generation;
     let valid_t = ExportConditionType::Valid.as_str();
     let ready_t = ExportConditionType::Ready.as_str();
-    let merged = inputs.outcome.as_ref().and_then(|o| o.exports.get(&inputs.local));
+    let merged = inputs
+        .outcome
+        .as_ref()
+        .and_then(|o| o.exports.get(&inputs.local));
     let (valid, conflict) = if !inputs.namespace_allowed {
         (
             DesiredCondition::new(
                 valid_t,
                 ConditionStatus::False,
                 "NamespaceNotAllowed",
-                format!("namespace {} is not in the agent's list of exportable namespaces", inputs.service.namespace),
+                format!(
+                    "namespace {} is not in the agent's list of exportable namespaces",
+                    inputs.service.namespace
+                ),
             ),
             no_conflicts("the export takes no part in the merge"),
         )
     } else if let Some(error) = &inputs.local_service_error {
         (
-            DesiredCondition::new(valid_t, ConditionStatus::False, ValidReason::InvalidServiceType.as_str(), error.clone()),
+            DesiredCondition::new(
+                valid_t,
+                ConditionStatus::False,
+                ValidReason::InvalidServiceType.as_str(),
+                error.clone(),
+            ),
             no_conflicts("the export takes no part in the merge"),
         )
     } else if let Some(c) = merged {
@@ -262,11 +365,25 @@ fn export_conditions(inputs: &ServiceInputs<'_>, wall: &Time) -> Option<Vec<Cond
         return None;
     };
     let ready = if valid.status == ConditionStatus::True {
-        DesiredCondition::new(ready_t, ConditionStatus::True, ExportReadyReason::Ready.as_str(), "the service is exported to the ClusterSet")
+        DesiredCondition::new(
+            ready_t,
+            ConditionStatus::True,
+            ExportReadyReason::Ready.as_str(),
+            "the service is exported to the ClusterSet",
+        )
     } else {
-        DesiredCondition::new(ready_t, ConditionStatus::False, ExportReadyReason::Failed.as_str(), format!("not exported: {}", valid.message))
+        DesiredCondition::new(
+            ready_t,
+            ConditionStatus::False,
+            ExportReadyReason::Failed.as_str(),
+            format!("not exported: {}", valid.message),
+        )
     };
-    let mut list = export.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default();
+    let mut list = export
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default();
     let mut changed = false;
     for c in [&valid, &ready, &conflict] {
         changed |= upsert(&mut list, c, generation, wall);
@@ -284,19 +401,41 @@ fn no_conflicts(message: &str) -> DesiredCondition {
 }
 
 fn routed_ports(merged: &MergedImport, cluster: &ClusterId) -> Vec<ServicePort> {
-    merged.routes.iter().filter(|r| r.clusters.contains(cluster)).map(|r| r.port.clone()).collect()
+    merged
+        .routes
+        .iter()
+        .filter(|r| r.clusters.contains(cluster))
+        .map(|r| r.port.clone())
+        .collect()
 }
 
 fn is_ours(labels: Option<&BTreeMap<String, String>>) -> bool {
-    labels.and_then(|l| l.get(LABEL_MANAGED_BY)).is_some_and(|v| v == MANAGED_BY)
+    labels
+        .and_then(|l| l.get(LABEL_MANAGED_BY))
+        .is_some_and(|v| v == MANAGED_BY)
 }
 
 /// The derived Service's allocated IPs and families, in family order.
 fn derived_ips(service: &Service) -> (Vec<String>, Vec<IpFamily>) {
-    let Some(spec) = service.spec.as_ref() else { return (Vec::new(), Vec::new()) };
-    let ips: Vec<String> = spec.cluster_ips.clone().unwrap_or_default().into_iter().filter(|ip| ip != "None").take(2).collect();
-    let families: Vec<IpFamily> =
-        spec.ip_families.clone().unwrap_or_default().iter().filter_map(|f| IpFamily::parse(f)).take(ips.len()).collect();
+    let Some(spec) = service.spec.as_ref() else {
+        return (Vec::new(), Vec::new());
+    };
+    let ips: Vec<String> = spec
+        .cluster_ips
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|ip| ip != "None")
+        .take(2)
+        .collect();
+    let families: Vec<IpFamily> = spec
+        .ip_families
+        .clone()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|f| IpFamily::parse(f))
+        .take(ips.len())
+        .collect();
     if families.len() != ips.len() {
         return (Vec::new(), Vec::new());
     }
@@ -304,8 +443,11 @@ fn derived_ips(service: &Service) -> (Vec<String>, Vec<IpFamily>) {
 }
 
 fn import_matches(have: &ServiceImport, want: &ServiceImport) -> bool {
-    let contains = |have: &Option<BTreeMap<String, String>>, want: &Option<BTreeMap<String, String>>| {
-        want.iter().flatten().all(|(k, v)| have.as_ref().and_then(|h| h.get(k)) == Some(v))
+    let contains = |have: &Option<BTreeMap<String, String>>,
+                    want: &Option<BTreeMap<String, String>>| {
+        want.iter()
+            .flatten()
+            .all(|(k, v)| have.as_ref().and_then(|h| h.get(k)) == Some(v))
     };
     have.spec == want.spec
         && contains(&have.metadata.labels, &want.metadata.labels)
@@ -313,23 +455,39 @@ fn import_matches(have: &ServiceImport, want: &ServiceImport) -> bool {
 }
 
 fn derived_matches(have: &Service, ports: &[ServicePort]) -> bool {
-    let Some(spec) = have.spec.as_ref() else { return false };
+    let Some(spec) = have.spec.as_ref() else {
+        return false;
+    };
     let have_ports = spec.ports.as_deref().unwrap_or_default();
     have_ports.len() == ports.len()
         && have_ports.iter().zip(ports).all(|(h, w)| {
-            h.name == w.name && h.port == w.port && h.protocol.as_deref().unwrap_or("TCP") == w.protocol_or_default().as_str() && h.app_protocol == w.app_protocol
+            h.name == w.name
+                && h.port == w.port
+                && h.protocol.as_deref().unwrap_or("TCP") == w.protocol_or_default().as_str()
+                && h.app_protocol == w.app_protocol
         })
 }
 
 fn slice_matches(have: &EndpointSlice, want: &EndpointSlice) -> bool {
-    let labels_ok = want.metadata.labels.iter().flatten().all(|(k, v)| have.metadata.labels.as_ref().and_then(|l| l.get(k)) == Some(v));
-    labels_ok && have.address_type == want.address_type && have.ports == want.ports && endpoints_match(have, want)
+    let labels_ok = want
+        .metadata
+        .labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| have.metadata.labels.as_ref().and_then(|l| l.get(k)) == Some(v));
+    labels_ok
+        && have.address_type == want.address_type
+        && have.ports == want.ports
+        && endpoints_match(have, want)
 }
 
 fn endpoints_match(have: &EndpointSlice, want: &EndpointSlice) -> bool {
     // The API server fills defaults (conditions) only when absent; compare what we set.
     have.endpoints.len() == want.endpoints.len()
         && have.endpoints.iter().zip(&want.endpoints).all(|(h, w)| {
-            h.addresses == w.addresses && h.hostname == w.hostname && h.zone == w.zone && h.conditions == w.conditions
+            h.addresses == w.addresses
+                && h.hostname == w.hostname
+                && h.zone == w.zone
+                && h.conditions == w.conditions
         })
 }

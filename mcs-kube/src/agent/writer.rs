@@ -28,13 +28,22 @@ pub(super) struct Writer {
 
 impl Writer {
     pub(super) fn new(client: kube::Client, field_manager: String) -> Self {
-        Self { client, apply: PatchParams::apply(&field_manager).force() }
+        Self {
+            client,
+            apply: PatchParams::apply(&field_manager).force(),
+        }
     }
 
     pub(super) async fn execute(&self, service: &ServiceRef, plan: Plan) -> Result<(), WriteError> {
         let ns = service.namespace.as_str();
         let name = service.name.as_str();
-        let err = |action: &'static str, object: String| move |source| WriteError { action, object, source };
+        let err = |action: &'static str, object: String| {
+            move |source| WriteError {
+                action,
+                object,
+                source,
+            }
+        };
         if plan.foreign_import {
             tracing::warn!(service = %service, "a ServiceImport exists that mcs-agent did not create; leaving it alone");
         }
@@ -45,24 +54,39 @@ impl Writer {
         if let Some(conditions) = &plan.export_conditions {
             let exports: Api<ServiceExport> = Api::namespaced(self.client.clone(), ns);
             let patch = json!({ "status": { "conditions": conditions } });
-            match exports.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            match exports
+                .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
                 Ok(_) => {}
                 Err(e) if not_found(&e) => {} // The export went away meanwhile.
-                Err(e) => return Err(err("update status of ServiceExport", format!("{ns}/{name}"))(e)),
+                Err(e) => {
+                    return Err(err(
+                        "update status of ServiceExport",
+                        format!("{ns}/{name}"),
+                    )(e));
+                }
             }
         }
 
         let mut import_uid = None;
         let mut applied_import = None;
         if let Some(import) = &plan.import {
-            let applied = imports.patch(name, &self.apply, &Patch::Apply(import)).await.map_err(err("apply ServiceImport", format!("{ns}/{name}")))?;
+            let applied = imports
+                .patch(name, &self.apply, &Patch::Apply(import))
+                .await
+                .map_err(err("apply ServiceImport", format!("{ns}/{name}")))?;
             import_uid = applied.metadata.uid.clone();
             applied_import = Some(applied);
         }
         if let Some(ports) = &plan.derived_ports {
             let uid = match import_uid.clone() {
                 Some(uid) => Some(uid),
-                None => imports.get_opt(name).await.map_err(err("read ServiceImport", format!("{ns}/{name}")))?.and_then(|i| i.metadata.uid),
+                None => imports
+                    .get_opt(name)
+                    .await
+                    .map_err(err("read ServiceImport", format!("{ns}/{name}")))?
+                    .and_then(|i| i.metadata.uid),
             };
             let derived = desired::derived_service(ns, name, uid.as_deref(), ports);
             let derived_name = derived.metadata.name.clone().unwrap_or_default();
@@ -72,17 +96,34 @@ impl Writer {
                 .map_err(err("apply derived Service", format!("{ns}/{derived_name}")))?;
             // Copy the allocated IPs into the import when they are new to it.
             let spec = applied.spec.unwrap_or_default();
-            let ips: Vec<String> = spec.cluster_ips.unwrap_or_default().into_iter().filter(|ip| ip != "None").take(2).collect();
-            let families: Vec<IpFamily> = spec.ip_families.unwrap_or_default().iter().filter_map(|f| IpFamily::parse(f)).collect();
+            let ips: Vec<String> = spec
+                .cluster_ips
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|ip| ip != "None")
+                .take(2)
+                .collect();
+            let families: Vec<IpFamily> = spec
+                .ip_families
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|f| IpFamily::parse(f))
+                .collect();
             if !ips.is_empty() && ips.len() == families.len() {
                 let mut want = match applied_import.or(plan.import.clone()) {
                     Some(i) => i,
-                    None => match imports.get_opt(name).await.map_err(err("read ServiceImport", format!("{ns}/{name}")))? {
+                    None => match imports
+                        .get_opt(name)
+                        .await
+                        .map_err(err("read ServiceImport", format!("{ns}/{name}")))?
+                    {
                         Some(i) => i,
                         None => return Ok(()),
                     },
                 };
-                if want.spec.ips.as_ref() != Some(&ips) || want.spec.ip_families.as_ref() != Some(&families) {
+                if want.spec.ips.as_ref() != Some(&ips)
+                    || want.spec.ip_families.as_ref() != Some(&families)
+                {
                     want.spec.ips = Some(ips);
                     want.spec.ip_families = Some(families);
                     let clean = ServiceImport {
@@ -96,29 +137,50 @@ impl Writer {
                         spec: want.spec,
                         status: None,
                     };
-                    imports.patch(name, &self.apply, &Patch::Apply(&clean)).await.map_err(err("apply ServiceImport IPs", format!("{ns}/{name}")))?;
+                    imports
+                        .patch(name, &self.apply, &Patch::Apply(&clean))
+                        .await
+                        .map_err(err("apply ServiceImport IPs", format!("{ns}/{name}")))?;
                 }
             }
         }
         for slice in &plan.apply_slices {
             let slice_name = slice.metadata.name.clone().unwrap_or_default();
-            slices.patch(&slice_name, &self.apply, &Patch::Apply(slice)).await.map_err(err("apply EndpointSlice", format!("{ns}/{slice_name}")))?;
+            slices
+                .patch(&slice_name, &self.apply, &Patch::Apply(slice))
+                .await
+                .map_err(err("apply EndpointSlice", format!("{ns}/{slice_name}")))?;
         }
         for slice_name in &plan.delete_slices {
-            delete(&slices, slice_name).await.map_err(err("delete EndpointSlice", format!("{ns}/{slice_name}")))?;
+            delete(&slices, slice_name)
+                .await
+                .map_err(err("delete EndpointSlice", format!("{ns}/{slice_name}")))?;
         }
         for derived_name in &plan.delete_derived {
-            delete(&services, derived_name).await.map_err(err("delete derived Service", format!("{ns}/{derived_name}")))?;
+            delete(&services, derived_name).await.map_err(err(
+                "delete derived Service",
+                format!("{ns}/{derived_name}"),
+            ))?;
         }
         if plan.delete_import {
-            delete(&imports, name).await.map_err(err("delete ServiceImport", format!("{ns}/{name}")))?;
+            delete(&imports, name)
+                .await
+                .map_err(err("delete ServiceImport", format!("{ns}/{name}")))?;
         }
         if let Some(status) = &plan.import_status {
             let patch = json!({ "status": status });
-            match imports.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            match imports
+                .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
                 Ok(_) => {}
                 Err(e) if not_found(&e) => {}
-                Err(e) => return Err(err("update status of ServiceImport", format!("{ns}/{name}"))(e)),
+                Err(e) => {
+                    return Err(err(
+                        "update status of ServiceImport",
+                        format!("{ns}/{name}"),
+                    )(e));
+                }
             }
         }
         Ok(())

@@ -55,7 +55,9 @@ struct Args {
 #[tokio::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
         .init();
     match run(Args::parse()).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -69,7 +71,9 @@ async fn main() -> ExitCode {
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut members = Vec::new();
     for spec in &args.members {
-        let (id, rest) = spec.split_once('=').map_or((spec.as_str(), None), |(id, rest)| (id, Some(rest)));
+        let (id, rest) = spec
+            .split_once('=')
+            .map_or((spec.as_str(), None), |(id, rest)| (id, Some(rest)));
         let id = ClusterId::new(id).map_err(|e| format!("--member {spec}: {e}"))?;
         let (path, context) = match rest {
             None => (None, None),
@@ -78,7 +82,9 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 None => (Some(PathBuf::from(rest)), None),
             },
         };
-        let client = admin::kube_client(path.as_deref(), context.as_deref()).await.map_err(|e| format!("--member {spec}: {e}"))?;
+        let client = admin::kube_client(path.as_deref(), context.as_deref())
+            .await
+            .map_err(|e| format!("--member {spec}: {e}"))?;
         members.push(Member { id, client });
     }
     let local = match &args.cluster_id {
@@ -86,12 +92,14 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         None => {
             let first = members.first().ok_or("no --member given")?;
             let properties: Api<ClusterProperty> = Api::all(first.client.clone());
-            let property = properties
-                .get(CLUSTER_ID_PROPERTY)
-                .await
-                .map_err(|e| format!("no --cluster-id and cannot read ClusterProperty {CLUSTER_ID_PROPERTY}: {e}"))?;
-            ClusterId::new(property.spec.value.as_str())
-                .map_err(|e| format!("ClusterProperty {CLUSTER_ID_PROPERTY} is not a usable cluster id: {e}"))?
+            let property = properties.get(CLUSTER_ID_PROPERTY).await.map_err(|e| {
+                format!(
+                    "no --cluster-id and cannot read ClusterProperty {CLUSTER_ID_PROPERTY}: {e}"
+                )
+            })?;
+            ClusterId::new(property.spec.value.as_str()).map_err(|e| {
+                format!("ClusterProperty {CLUSTER_ID_PROPERTY} is not a usable cluster id: {e}")
+            })?
         }
     };
     let mut config = AgentConfig::new(local.clone(), members)
@@ -105,9 +113,14 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     agent.metrics().register(&mut registry);
     let listener = admin::bind(args.admin_listen).await?;
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-    let admin_task = tokio::spawn(admin::serve(listener, Arc::new(Mutex::new(registry)), agent.ready(), async move {
-        let _ = stop_rx.wait_for(|v| *v).await;
-    }));
+    let admin_task = tokio::spawn(admin::serve(
+        listener,
+        Arc::new(Mutex::new(registry)),
+        agent.ready(),
+        async move {
+            let _ = stop_rx.wait_for(|v| *v).await;
+        },
+    ));
     tracing::info!(cluster = %local, "mcs-agent starting");
     let result = agent.run(admin::shutdown_signal()).await;
     let _ = stop_tx.send(true);

@@ -42,7 +42,9 @@ struct Args {
 #[tokio::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
         .init();
     match run(Args::parse()).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -56,7 +58,13 @@ async fn main() -> ExitCode {
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let zone = Zone::new(&args.zone)?;
     let client = admin::kube_client(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
-    let server = DnsServer::bind(DnsConfig::default().zone(zone).ttl(args.ttl).listen(args.listen)).await?;
+    let server = DnsServer::bind(
+        DnsConfig::default()
+            .zone(zone)
+            .ttl(args.ttl)
+            .listen(args.listen),
+    )
+    .await?;
     let mut registry = Registry::with_prefix("");
     server.metrics().register(&mut registry);
     let admin_listener = admin::bind(args.admin_listen).await?;

@@ -29,16 +29,28 @@ struct RcodeLabel {
 impl DnsMetrics {
     /// Registers the counters as `mcs_dns_responses_total{rcode}`.
     pub fn register(&self, registry: &mut Registry) {
-        registry.register("mcs_dns_responses", "DNS responses sent, by response code", self.responses.clone());
+        registry.register(
+            "mcs_dns_responses",
+            "DNS responses sent, by response code",
+            self.responses.clone(),
+        );
     }
 
     /// Responses sent so far with `rcode` (e.g. `NXDomain`).
     pub fn responses(&self, rcode: &str) -> u64 {
-        self.responses.get_or_create(&RcodeLabel { rcode: rcode.to_owned() }).get()
+        self.responses
+            .get_or_create(&RcodeLabel {
+                rcode: rcode.to_owned(),
+            })
+            .get()
     }
 
     fn count(&self, code: ResponseCode) {
-        self.responses.get_or_create(&RcodeLabel { rcode: format!("{code:?}") }).inc();
+        self.responses
+            .get_or_create(&RcodeLabel {
+                rcode: format!("{code:?}"),
+            })
+            .inc();
     }
 }
 
@@ -49,8 +61,16 @@ pub(super) struct Handler {
 }
 
 impl Handler {
-    pub(super) fn new(data: Arc<RwLock<ZoneData>>, synced: Arc<AtomicBool>, metrics: DnsMetrics) -> Self {
-        Self { data, synced, metrics }
+    pub(super) fn new(
+        data: Arc<RwLock<ZoneData>>,
+        synced: Arc<AtomicBool>,
+        metrics: DnsMetrics,
+    ) -> Self {
+        Self {
+            data,
+            synced,
+            metrics,
+        }
     }
 }
 
@@ -59,7 +79,11 @@ const MAX_UDP_PAYLOAD: u16 = 1232;
 
 #[async_trait::async_trait]
 impl RequestHandler for Handler {
-    async fn handle_request<R: ResponseHandler, T: Time>(&self, request: &Request, mut response: R) -> ResponseInfo {
+    async fn handle_request<R: ResponseHandler, T: Time>(
+        &self,
+        request: &Request,
+        mut response: R,
+    ) -> ResponseInfo {
         let resp_edns = request.edns.as_ref().map(|req| {
             let mut e = Edns::new();
             e.set_max_payload(req.max_payload().clamp(512, MAX_UDP_PAYLOAD));
@@ -81,7 +105,9 @@ impl RequestHandler for Handler {
                 let answer = self.data.read().map(|data| data.answer(&qname, qtype)).ok();
                 // A poisoned lock means a watch handler panicked mid-update.
                 let Some(answer) = answer else {
-                    return self.send_error(request, builder, ResponseCode::ServFail, response).await;
+                    return self
+                        .send_error(request, builder, ResponseCode::ServFail, response)
+                        .await;
                 };
                 let code = match answer.rcode {
                     Rcode::NoError => ResponseCode::NoError,
@@ -102,7 +128,13 @@ impl RequestHandler for Handler {
         metadata.response_code = code;
         metadata.authoritative = answer.authoritative;
         metadata.recursion_available = false;
-        let message = builder.build(metadata, answers.iter(), authority.iter(), std::iter::empty(), additionals.iter());
+        let message = builder.build(
+            metadata,
+            answers.iter(),
+            authority.iter(),
+            std::iter::empty(),
+            additionals.iter(),
+        );
         self.metrics.count(code);
         match response.send_response(message).await {
             Ok(info) => info,
@@ -110,7 +142,11 @@ impl RequestHandler for Handler {
                 tracing::debug!(error = %e, "cannot send DNS response");
                 let mut metadata = Metadata::response_from_request(&request.metadata);
                 metadata.response_code = ResponseCode::ServFail;
-                hickory_server::proto::op::Header { metadata, counts: Default::default() }.into()
+                hickory_server::proto::op::Header {
+                    metadata,
+                    counts: Default::default(),
+                }
+                .into()
             }
         }
     }
@@ -132,7 +168,11 @@ impl Handler {
                 tracing::debug!(error = %e, "cannot send DNS error response");
                 let mut metadata = Metadata::response_from_request(&request.metadata);
                 metadata.response_code = code;
-                hickory_server::proto::op::Header { metadata, counts: Default::default() }.into()
+                hickory_server::proto::op::Header {
+                    metadata,
+                    counts: Default::default(),
+                }
+                .into()
             }
         }
     }
@@ -164,12 +204,23 @@ fn to_records(records: &[dns::Record]) -> Vec<Record> {
             let data = match &r.data {
                 dns::RData::A(ip) => RData::A(A(*ip)),
                 dns::RData::Aaaa(ip) => RData::AAAA(AAAA(*ip)),
-                dns::RData::Srv { priority, weight, port, target } => {
-                    RData::SRV(SRV::new(*priority, *weight, *port, name(target)?))
-                }
+                dns::RData::Srv {
+                    priority,
+                    weight,
+                    port,
+                    target,
+                } => RData::SRV(SRV::new(*priority, *weight, *port, name(target)?)),
                 dns::RData::Txt(text) => RData::TXT(TXT::new(vec![text.clone()])),
                 dns::RData::Ns(ns) => RData::NS(NS(name(ns)?)),
-                dns::RData::Soa { mname, rname, serial, refresh, retry, expire, minimum } => RData::SOA(SOA::new(
+                dns::RData::Soa {
+                    mname,
+                    rname,
+                    serial,
+                    refresh,
+                    retry,
+                    expire,
+                    minimum,
+                } => RData::SOA(SOA::new(
                     name(mname)?,
                     name(rname)?,
                     *serial,
@@ -183,4 +234,3 @@ fn to_records(records: &[dns::Record]) -> Vec<Record> {
         })
         .collect()
 }
-

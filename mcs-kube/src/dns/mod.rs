@@ -123,11 +123,15 @@ impl DnsServer {
         let mut attempt = 0;
         let (udp, tcp, local_addr) = loop {
             attempt += 1;
-            let udp = UdpSocket::bind(config.listen).await.map_err(|e| bind_err(config.listen, e))?;
+            let udp = UdpSocket::bind(config.listen)
+                .await
+                .map_err(|e| bind_err(config.listen, e))?;
             let local_addr = udp.local_addr().map_err(|e| bind_err(config.listen, e))?;
             match TcpListener::bind(local_addr).await {
                 Ok(tcp) => break (udp, tcp, local_addr),
-                Err(e) if attempt < attempts && e.kind() == std::io::ErrorKind::AddrInUse => continue,
+                Err(e) if attempt < attempts && e.kind() == std::io::ErrorKind::AddrInUse => {
+                    continue;
+                }
                 Err(e) => return Err(bind_err(local_addr, e)),
             }
         };
@@ -164,9 +168,21 @@ impl DnsServer {
     }
 
     /// Watches the cluster behind `client` and answers queries until `shutdown` completes.
-    pub async fn run(self, client: kube::Client, shutdown: impl Future<Output = ()>) -> Result<(), DnsError> {
-        let watch = tokio::spawn(watch::run(client, Arc::clone(&self.data), Arc::clone(&self.synced)));
-        let handler = Handler::new(Arc::clone(&self.data), Arc::clone(&self.synced), self.metrics.clone());
+    pub async fn run(
+        self,
+        client: kube::Client,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), DnsError> {
+        let watch = tokio::spawn(watch::run(
+            client,
+            Arc::clone(&self.data),
+            Arc::clone(&self.synced),
+        ));
+        let handler = Handler::new(
+            Arc::clone(&self.data),
+            Arc::clone(&self.synced),
+            self.metrics.clone(),
+        );
         let mut server = Server::new(handler);
         server.register_socket(self.udp);
         server.register_listener(self.tcp, self.config.tcp_timeout, 64);

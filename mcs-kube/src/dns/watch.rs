@@ -18,7 +18,10 @@ trait Kind: kube::Resource + Clone + std::fmt::Debug + Send + 'static {
     const NAME: &'static str;
     fn key(&self) -> (String, String) {
         let meta = self.meta();
-        (meta.namespace.clone().unwrap_or_default(), meta.name.clone().unwrap_or_default())
+        (
+            meta.namespace.clone().unwrap_or_default(),
+            meta.name.clone().unwrap_or_default(),
+        )
     }
     fn apply(&self, data: &mut ZoneData);
     fn delete(key: &(String, String), data: &mut ZoneData);
@@ -27,7 +30,10 @@ trait Kind: kube::Resource + Clone + std::fmt::Debug + Send + 'static {
 impl Kind for Namespace {
     const NAME: &'static str = "Namespace";
     fn key(&self) -> (String, String) {
-        (String::new(), self.metadata.name.clone().unwrap_or_default())
+        (
+            String::new(),
+            self.metadata.name.clone().unwrap_or_default(),
+        )
     }
     fn apply(&self, data: &mut ZoneData) {
         data.set_namespace(self.metadata.name.as_deref().unwrap_or(""), true);
@@ -64,13 +70,38 @@ impl Kind for EndpointSlice {
 }
 
 /// Runs the three watches until cancelled. `synced` turns true once all three listed.
-pub(super) async fn run(client: kube::Client, data: Arc<RwLock<ZoneData>>, synced: Arc<AtomicBool>) {
+pub(super) async fn run(
+    client: kube::Client,
+    data: Arc<RwLock<ZoneData>>,
+    synced: Arc<AtomicBool>,
+) {
     let pending = Arc::new(AtomicU8::new(3));
     let slices = watcher::Config::default().labels(LABEL_SERVICE_NAME);
     tokio::join!(
-        drive(watcher::watcher(Api::<Namespace>::all(client.clone()), watcher::Config::default()), &data, &synced, &pending),
-        drive(watcher::watcher(Api::<ServiceImport>::all(client.clone()), watcher::Config::default()), &data, &synced, &pending),
-        drive(watcher::watcher(Api::<EndpointSlice>::all(client), slices), &data, &synced, &pending),
+        drive(
+            watcher::watcher(
+                Api::<Namespace>::all(client.clone()),
+                watcher::Config::default()
+            ),
+            &data,
+            &synced,
+            &pending
+        ),
+        drive(
+            watcher::watcher(
+                Api::<ServiceImport>::all(client.clone()),
+                watcher::Config::default()
+            ),
+            &data,
+            &synced,
+            &pending
+        ),
+        drive(
+            watcher::watcher(Api::<EndpointSlice>::all(client), slices),
+            &data,
+            &synced,
+            &pending
+        ),
     );
 }
 

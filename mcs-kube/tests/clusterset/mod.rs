@@ -6,7 +6,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec, SessionAffinityConfig, ClientIPConfig};
+use k8s_openapi::api::core::v1::{
+    ClientIPConfig, Service, ServicePort, ServiceSpec, SessionAffinityConfig,
+};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -52,11 +54,19 @@ impl ClusterSet {
     }
 
     /// Starts the clusters and agents whose settings `configure` adjusts.
-    pub async fn start_configured(names: &[&str], configure: fn(AgentConfig) -> AgentConfig) -> Self {
+    pub async fn start_configured(
+        names: &[&str],
+        configure: fn(AgentConfig) -> AgentConfig,
+    ) -> Self {
         Self::start_inner_with(names, false, Duration::from_secs(60), true, configure).await
     }
 
-    async fn start_inner(names: &[&str], controller_manager: bool, grace: Duration, agents: bool) -> Self {
+    async fn start_inner(
+        names: &[&str],
+        controller_manager: bool,
+        grace: Duration,
+        agents: bool,
+    ) -> Self {
         Self::start_inner_with(names, controller_manager, grace, agents, |c| c).await
     }
 
@@ -67,13 +77,27 @@ impl ClusterSet {
         agents: bool,
         configure: fn(AgentConfig) -> AgentConfig,
     ) -> Self {
-        let clusters = support::start_clusters_with(names, ClusterOptions { controller_manager, install_crds: true }).await;
+        let clusters = support::start_clusters_with(
+            names,
+            ClusterOptions {
+                controller_manager,
+                install_crds: true,
+            },
+        )
+        .await;
         let mut clients = Vec::new();
         for c in &clusters {
             clients.push(c.client().await);
         }
         let ids = names.iter().map(|n| ClusterId::new(*n).unwrap()).collect();
-        let mut set = Self { clusters, clients, ids, agents: Vec::new(), grace, configure };
+        let mut set = Self {
+            clusters,
+            clients,
+            ids,
+            agents: Vec::new(),
+            grace,
+            configure,
+        };
         for i in 0..names.len() {
             let agent = agents.then(|| set.spawn_agent(i));
             set.agents.push(agent);
@@ -82,12 +106,28 @@ impl ClusterSet {
     }
 
     fn spawn_agent(&self, i: usize) -> (oneshot::Sender<()>, JoinHandle<()>) {
-        let members = self.ids.iter().zip(&self.clients).map(|(id, client)| Member { id: id.clone(), client: client.clone() }).collect();
-        let config = AgentConfig::new(self.ids[i].clone(), members).unreachable_grace(self.grace).resync(Duration::from_secs(30)).probe_interval(Duration::from_secs(1));
+        let members = self
+            .ids
+            .iter()
+            .zip(&self.clients)
+            .map(|(id, client)| Member {
+                id: id.clone(),
+                client: client.clone(),
+            })
+            .collect();
+        let config = AgentConfig::new(self.ids[i].clone(), members)
+            .unreachable_grace(self.grace)
+            .resync(Duration::from_secs(30))
+            .probe_interval(Duration::from_secs(1));
         let agent = Agent::new((self.configure)(config));
         let (stop, stopped) = oneshot::channel::<()>();
         let handle = tokio::spawn(async move {
-            agent.run(async move { let _ = stopped.await; }).await.expect("agent failed");
+            agent
+                .run(async move {
+                    let _ = stopped.await;
+                })
+                .await
+                .expect("agent failed");
         });
         (stop, handle)
     }
@@ -133,16 +173,37 @@ impl Drop for ClusterSet {
 pub fn hello_service(name: &str) -> Service {
     let dummy = BTreeMap::from([("dummy-svc".to_string(), "dummy-svc".to_string())]);
     Service {
-        metadata: ObjectMeta { name: Some(name.into()), labels: Some(dummy.clone()), annotations: Some(dummy), ..Default::default() },
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(dummy.clone()),
+            annotations: Some(dummy),
+            ..Default::default()
+        },
         spec: Some(ServiceSpec {
             type_: Some("ClusterIP".into()),
             selector: Some(BTreeMap::from([("app".to_string(), name.to_string())])),
             ports: Some(vec![
-                ServicePort { name: Some("tcp".into()), protocol: Some("TCP".into()), port: 42, target_port: Some(IntOrString::Int(42)), ..Default::default() },
-                ServicePort { name: Some("udp".into()), protocol: Some("UDP".into()), port: 42, target_port: Some(IntOrString::Int(42)), ..Default::default() },
+                ServicePort {
+                    name: Some("tcp".into()),
+                    protocol: Some("TCP".into()),
+                    port: 42,
+                    target_port: Some(IntOrString::Int(42)),
+                    ..Default::default()
+                },
+                ServicePort {
+                    name: Some("udp".into()),
+                    protocol: Some("UDP".into()),
+                    port: 42,
+                    target_port: Some(IntOrString::Int(42)),
+                    ..Default::default()
+                },
             ]),
             session_affinity: Some("ClientIP".into()),
-            session_affinity_config: Some(SessionAffinityConfig { client_ip: Some(ClientIPConfig { timeout_seconds: Some(10) }) }),
+            session_affinity_config: Some(SessionAffinityConfig {
+                client_ip: Some(ClientIPConfig {
+                    timeout_seconds: Some(10),
+                }),
+            }),
             ip_family_policy: Some("PreferDualStack".into()),
             ..Default::default()
         }),
@@ -160,7 +221,9 @@ pub fn headless(mut svc: Service) -> Service {
 
 pub async fn create_service(client: &Client, ns: &str, svc: &Service) -> Service {
     let api: Api<Service> = Api::namespaced(client.clone(), ns);
-    api.create(&PostParams::default(), svc).await.expect("create Service")
+    api.create(&PostParams::default(), svc)
+        .await
+        .expect("create Service")
 }
 
 pub async fn replace_service(client: &Client, ns: &str, mut svc: Service) -> Service {
@@ -172,22 +235,34 @@ pub async fn replace_service(client: &Client, ns: &str, mut svc: Service) -> Ser
     let cur = current.spec.unwrap();
     spec.cluster_ip = cur.cluster_ip;
     spec.cluster_ips = cur.cluster_ips;
-    api.replace(&name, &PostParams::default(), &svc).await.expect("replace Service")
+    api.replace(&name, &PostParams::default(), &svc)
+        .await
+        .expect("replace Service")
 }
 
 pub async fn delete_service(client: &Client, ns: &str, name: &str) {
     let api: Api<Service> = Api::namespaced(client.clone(), ns);
-    api.delete(name, &DeleteParams::default()).await.expect("delete Service");
+    api.delete(name, &DeleteParams::default())
+        .await
+        .expect("delete Service");
 }
 
 /// Creates the ServiceExport `name` (metadata `dummy-svcexport` like the conformance
 /// fixture; exported labels and annotations as given).
-pub async fn export(client: &Client, ns: &str, name: &str, exported: Option<(&str, &str)>) -> ServiceExport {
+pub async fn export(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    exported: Option<(&str, &str)>,
+) -> ServiceExport {
     let dummy = BTreeMap::from([("dummy-svcexport".to_string(), "dummy-svcexport".to_string())]);
     let spec = match exported {
         Some((k, v)) => ServiceExportSpec {
             exported_labels: Some(BTreeMap::from([(k.to_string(), v.to_string())])),
-            exported_annotations: Some(BTreeMap::from([(format!("{k}-annotation"), v.to_string())])),
+            exported_annotations: Some(BTreeMap::from([(
+                format!("{k}-annotation"),
+                v.to_string(),
+            )])),
         },
         None => ServiceExportSpec::default(),
     };
@@ -196,16 +271,26 @@ pub async fn export(client: &Client, ns: &str, name: &str, exported: Option<(&st
     se.metadata.labels = Some(dummy.clone());
     se.metadata.annotations = Some(dummy);
     let api: Api<ServiceExport> = Api::namespaced(client.clone(), ns);
-    api.create(&PostParams::default(), &se).await.expect("create ServiceExport")
+    api.create(&PostParams::default(), &se)
+        .await
+        .expect("create ServiceExport")
 }
 
 pub async fn unexport(client: &Client, ns: &str, name: &str) {
     let api: Api<ServiceExport> = Api::namespaced(client.clone(), ns);
-    api.delete(name, &DeleteParams::default()).await.expect("delete ServiceExport");
+    api.delete(name, &DeleteParams::default())
+        .await
+        .expect("delete ServiceExport");
 }
 
 /// Waits until the ServiceImport exists and `pred` holds.
-pub async fn wait_import(client: &Client, ns: &str, name: &str, what: &str, pred: impl Fn(&ServiceImport) -> bool) -> ServiceImport {
+pub async fn wait_import(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    what: &str,
+    pred: impl Fn(&ServiceImport) -> bool,
+) -> ServiceImport {
     let api: Api<ServiceImport> = Api::namespaced(client.clone(), ns);
     support::wait_for(what, IMPORT_TIMEOUT, || {
         let api = api.clone();
@@ -230,33 +315,59 @@ pub async fn hold_import(client: &Client, ns: &str, name: &str, present: bool) {
     let end = tokio::time::Instant::now() + HOLD;
     while tokio::time::Instant::now() < end {
         let got = api.get_opt(name).await.expect("get ServiceImport");
-        assert_eq!(got.is_some(), present, "ServiceImport {ns}/{name} present={} during the hold", got.is_some());
+        assert_eq!(
+            got.is_some(),
+            present,
+            "ServiceImport {ns}/{name} present={} during the hold",
+            got.is_some()
+        );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 
-pub async fn export_condition(client: &Client, ns: &str, name: &str, type_: &str) -> Option<Condition> {
+pub async fn export_condition(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    type_: &str,
+) -> Option<Condition> {
     let api: Api<ServiceExport> = Api::namespaced(client.clone(), ns);
     let se = api.get_opt(name).await.ok().flatten()?;
-    se.status?.conditions?.into_iter().find(|c| c.type_ == type_)
+    se.status?
+        .conditions?
+        .into_iter()
+        .find(|c| c.type_ == type_)
 }
 
 /// Waits until the export's condition `type_` has `status` (and `reason` when given).
-pub async fn wait_export_condition(client: &Client, ns: &str, name: &str, type_: &str, status: &str, reason: Option<&str>) -> Condition {
-    support::wait_for(&format!("ServiceExport {ns}/{name} {type_}={status}"), IMPORT_TIMEOUT, || async {
-        export_condition(client, ns, name, type_)
-            .await
-            .filter(|c| c.status == status && reason.is_none_or(|r| c.reason == r))
-    })
+pub async fn wait_export_condition(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    type_: &str,
+    status: &str,
+    reason: Option<&str>,
+) -> Condition {
+    support::wait_for(
+        &format!("ServiceExport {ns}/{name} {type_}={status}"),
+        IMPORT_TIMEOUT,
+        || async {
+            export_condition(client, ns, name, type_)
+                .await
+                .filter(|c| c.status == status && reason.is_none_or(|r| c.reason == r))
+        },
+    )
     .await
 }
 
 pub async fn mcs_slices(client: &Client, ns: &str, name: &str) -> Vec<EndpointSlice> {
     let api: Api<EndpointSlice> = Api::namespaced(client.clone(), ns);
-    api.list(&ListParams::default().labels(&format!("multicluster.kubernetes.io/service-name={name}")))
-        .await
-        .expect("list EndpointSlices")
-        .items
+    api.list(
+        &ListParams::default().labels(&format!("multicluster.kubernetes.io/service-name={name}")),
+    )
+    .await
+    .expect("list EndpointSlices")
+    .items
 }
 
 /// The conformance two-cluster driver's pause between the two exports, so their
