@@ -1,3 +1,320 @@
-//! Placeholder: replaced by the endpoint_selection benchmark.
+//! Endpoint selection: our picks against tower's p2c balancer, in one run.
+//!
+//! - `pick/<policy>/<n>`: one pick plus its completion (`complete` with a latency for
+//!   peak-EWMA, a dropped guard otherwise) on one thread, for round robin, p2c on
+//!   in-flight load and p2c on peak-EWMA, over n = 2, 16, 128, 1,024 and 10,000 endpoints.
+//! - `tower/<load>/<n>`: tower 0.5 `balance::p2c::Balance` over a `ServiceList` of no-op
+//!   services wrapped in `load::PendingRequests` or `load::PeakEwma` (30 ms, 10 s):
+//!   `poll_ready` + `call` + await, driven by `futures::executor::block_on` (one
+//!   `block_on` per batch of iterations, so the executor is not what is measured).
+//! - `two_threads/<policy>/<n>`: two threads picking from one balancer at once; wall time
+//!   per pick per thread.
+//! - `swap/...`: a pick on 10,000 endpoints while another thread publishes a new
+//!   10,000-endpoint snapshot every millisecond, next to the same pick without swaps.
+//! - `build/...`: building a 10,000-endpoint snapshot: from a full reset into an empty
+//!   balancer, and the rebuild after a one-endpoint change (state carried over).
+//!
+//! Run: `cargo bench --bench endpoint_selection -- --warm-up-time 1 --measurement-time 2`.
 
-fn main() {}
+use std::convert::Infallible;
+use std::future::{Ready, poll_fn, ready};
+use std::hint::black_box;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
+use mcs_core::ClusterId;
+use mcs_core::discovery::{Endpoint, Update};
+use mcs_core::endpoints::{
+    Balancer, BalancerConfig, Locality, Outcome, PickContext, Policy, Tiering,
+};
+use tower::Service;
+use tower::balance::p2c::Balance;
+use tower::discover::ServiceList;
+use tower::load::{CompleteOnResponse, PeakEwma, PendingRequests};
+
+const SIZES: [usize; 5] = [2, 16, 128, 1_024, 10_000];
+
+const POLICIES: [(&str, Policy); 3] = [
+    ("round_robin", Policy::RoundRobin),
+    ("p2c_least_loaded", Policy::LeastLoaded),
+    ("p2c_peak_ewma", Policy::PeakEwma),
+];
+
+fn endpoint(i: usize, cluster: &ClusterId) -> Endpoint {
+    let i = u32::try_from(i).expect("bench sizes fit in u32");
+    let [_, b, c, d] = i.to_be_bytes();
+    Endpoint::ready(SocketAddr::from(([10, b, c, d], 8080)), cluster.clone())
+}
+
+fn endpoints(n: usize) -> Vec<Endpoint> {
+    let east = ClusterId::new("east").expect("valid cluster id");
+    (0..n).map(|i| endpoint(i, &east)).collect()
+}
+
+fn balancer(policy: Policy, n: usize, base: Instant) -> Balancer {
+    let east = ClusterId::new("east").expect("valid cluster id");
+    let b = Balancer::new(
+        Locality::cluster(east),
+        BalancerConfig::default().policy(policy),
+        base,
+    );
+    b.apply(Update::Reset(endpoints(n)));
+    b
+}
+
+/// One request through our balancer: pick, then complete (peak-EWMA) or drop.
+#[inline]
+fn one_pick(b: &Balancer, policy: Policy, random: u64, now: Instant) {
+    let picked = b
+        .pick(PickContext::new(random, now))
+        .expect("endpoints are resolved");
+    black_box(picked.addr());
+    if policy == Policy::PeakEwma {
+        picked.complete(Outcome::Success, Duration::from_micros(800), now);
+    }
+}
+
+fn ours(c: &mut Criterion) {
+    let mut group = c.benchmark_group("pick");
+    let base = Instant::now();
+    for (name, policy) in POLICIES {
+        for n in SIZES {
+            let b = balancer(policy, n, base);
+            let now = Instant::now();
+            let mut rng = fastrand::Rng::with_seed(n as u64);
+            group.bench_function(BenchmarkId::new(name, n), |bench| {
+                bench.iter(|| one_pick(&b, policy, rng.u64(..), now));
+            });
+        }
+    }
+    group.finish();
+}
+
+/// A service that does nothing, as cheaply as possible.
+#[derive(Clone, Copy)]
+struct Noop;
+
+impl Service<u32> for Noop {
+    type Response = u32;
+    type Error = Infallible;
+    type Future = Ready<Result<u32, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: u32) -> Self::Future {
+        ready(Ok(req))
+    }
+}
+
+/// `iters` requests through a tower balancer inside one `block_on`.
+fn drive<S>(svc: &mut S, iters: u64) -> Duration
+where
+    S: Service<u32, Response = u32>,
+    S::Error: std::fmt::Debug,
+{
+    futures::executor::block_on(async {
+        let start = Instant::now();
+        for i in 0..iters {
+            poll_fn(|cx| svc.poll_ready(cx))
+                .await
+                .expect("no-op services are always ready");
+            let out = svc.call(i as u32).await.expect("no-op never fails");
+            black_box(out);
+        }
+        start.elapsed()
+    })
+}
+
+fn tower_baseline(c: &mut Criterion) {
+    let mut group = c.benchmark_group("tower");
+    for n in SIZES {
+        let services: Vec<_> = (0..n)
+            .map(|_| PendingRequests::new(Noop, CompleteOnResponse::default()))
+            .collect();
+        let mut balance = Balance::new(ServiceList::new(services));
+        drive(&mut balance, 16); // discover every service
+        group.bench_function(BenchmarkId::new("pending_requests", n), |bench| {
+            bench.iter_custom(|iters| drive(&mut balance, iters));
+        });
+    }
+    for n in SIZES {
+        let services: Vec<_> = (0..n)
+            .map(|_| {
+                PeakEwma::new(
+                    Noop,
+                    Duration::from_millis(30),
+                    Duration::from_secs(10).as_nanos() as f64,
+                    CompleteOnResponse::default(),
+                )
+            })
+            .collect();
+        let mut balance = Balance::new(ServiceList::new(services));
+        drive(&mut balance, 16);
+        group.bench_function(BenchmarkId::new("peak_ewma", n), |bench| {
+            bench.iter_custom(|iters| drive(&mut balance, iters));
+        });
+    }
+    group.finish();
+}
+
+fn two_threads(c: &mut Criterion) {
+    let mut group = c.benchmark_group("two_threads");
+    let base = Instant::now();
+    let cases = [
+        ("round_robin", Policy::RoundRobin, 16),
+        ("p2c_least_loaded", Policy::LeastLoaded, 16),
+        ("p2c_least_loaded", Policy::LeastLoaded, 1_024),
+        ("p2c_peak_ewma", Policy::PeakEwma, 16),
+        ("p2c_peak_ewma", Policy::PeakEwma, 1_024),
+    ];
+    for (name, policy, n) in cases {
+        let b = balancer(policy, n, base);
+        let now = Instant::now();
+        group.bench_function(BenchmarkId::new(name, n), |bench| {
+            bench.iter_custom(|iters| {
+                let start = Instant::now();
+                std::thread::scope(|s| {
+                    for t in 0..2u64 {
+                        let b = &b;
+                        s.spawn(move || {
+                            let mut rng = fastrand::Rng::with_seed(t + 1);
+                            for _ in 0..iters {
+                                one_pick(b, policy, rng.u64(..), now);
+                            }
+                        });
+                    }
+                });
+                start.elapsed()
+            });
+        });
+    }
+    group.finish();
+}
+
+fn swapping(c: &mut Criterion) {
+    let mut group = c.benchmark_group("swap");
+    let base = Instant::now();
+    let n = 10_000;
+    let b = Arc::new(balancer(Policy::LeastLoaded, n, base));
+    let now = Instant::now();
+    let mut rng = fastrand::Rng::with_seed(3);
+    group.bench_function("p2c_least_loaded_10000/quiet", |bench| {
+        bench.iter(|| one_pick(&b, Policy::LeastLoaded, rng.u64(..), now));
+    });
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let swaps = Arc::new(AtomicU64::new(0));
+    let writer = {
+        let (b, stop, swaps) = (Arc::clone(&b), Arc::clone(&stop), Arc::clone(&swaps));
+        std::thread::spawn(move || {
+            let extra = endpoint(n, &ClusterId::new("east").expect("valid cluster id"));
+            let mut next = Instant::now();
+            let mut add = true;
+            while !stop.load(Ordering::Relaxed) {
+                // Each apply publishes a new 10,000-endpoint snapshot.
+                let update = if add {
+                    Update::Add(vec![extra.clone()])
+                } else {
+                    Update::Remove(vec![extra.addr])
+                };
+                b.apply(update);
+                add = !add;
+                swaps.fetch_add(1, Ordering::Relaxed);
+                next += Duration::from_millis(1);
+                if let Some(wait) = next.checked_duration_since(Instant::now()) {
+                    std::thread::sleep(wait);
+                }
+            }
+        })
+    };
+    let started = Instant::now();
+    group.bench_function("p2c_least_loaded_10000/swapping_every_ms", |bench| {
+        bench.iter(|| one_pick(&b, Policy::LeastLoaded, rng.u64(..), now));
+    });
+    stop.store(true, Ordering::Relaxed);
+    writer.join().expect("writer thread");
+    let elapsed = started.elapsed().as_secs_f64();
+    let swaps = swaps.load(Ordering::Relaxed);
+    println!(
+        "swap: {swaps} snapshots of {n} endpoints published in {elapsed:.1} s ({:.0}/s)",
+        swaps as f64 / elapsed
+    );
+    group.finish();
+}
+
+fn building(c: &mut Criterion) {
+    let mut group = c.benchmark_group("build");
+    let base = Instant::now();
+    let n = 10_000;
+    let all = endpoints(n);
+    let east = ClusterId::new("east").expect("valid cluster id");
+    group.bench_function("reset_10000_into_empty", |bench| {
+        bench.iter_batched(
+            || {
+                let b = Balancer::new(
+                    Locality::cluster(east.clone()),
+                    BalancerConfig::default(),
+                    base,
+                );
+                (b, all.clone())
+            },
+            |(b, list)| {
+                b.apply(Update::Reset(list));
+                b
+            },
+            BatchSize::LargeInput,
+        );
+    });
+    group.bench_function("reset_10000_into_empty_with_rings", |bench| {
+        bench.iter_batched(
+            || {
+                let config = BalancerConfig::default()
+                    .tiering(Tiering::Flat)
+                    .session_affinity(true);
+                (
+                    Balancer::new(Locality::cluster(east.clone()), config, base),
+                    all.clone(),
+                )
+            },
+            |(b, list)| {
+                b.apply(Update::Reset(list));
+                b
+            },
+            BatchSize::LargeInput,
+        );
+    });
+    let b = balancer(Policy::LeastLoaded, n, base);
+    let extra = endpoint(n, &east);
+    let mut add = true;
+    group.bench_function("rebuild_10000_after_one_change", |bench| {
+        bench.iter_batched(
+            || {
+                add = !add;
+                if add {
+                    Update::Add(vec![extra.clone()])
+                } else {
+                    Update::Remove(vec![extra.addr])
+                }
+            },
+            |update| b.apply(update),
+            BatchSize::SmallInput,
+        );
+    });
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    ours,
+    tower_baseline,
+    two_threads,
+    swapping,
+    building
+);
+criterion_main!(benches);

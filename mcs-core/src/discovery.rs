@@ -102,7 +102,10 @@ pub struct ResolveError {
 impl ResolveError {
     /// A resolve error for `target`.
     pub fn new(target: &Target, message: impl Into<String>) -> Self {
-        Self { target: target.to_string(), message: message.into() }
+        Self {
+            target: target.to_string(),
+            message: message.into(),
+        }
     }
 }
 
@@ -203,7 +206,10 @@ mod tests {
     use super::*;
 
     fn ep(port: u16, cluster: &str) -> Endpoint {
-        Endpoint::ready(SocketAddr::from(([127, 0, 0, 1], port)), ClusterId::new(cluster).unwrap())
+        Endpoint::ready(
+            SocketAddr::from(([127, 0, 0, 1], port)),
+            ClusterId::new(cluster).unwrap(),
+        )
     }
 
     #[test]

@@ -1,0 +1,224 @@
+//! [`McsLayer`] and its [`Builder`].
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower::Layer;
+
+use mcs_core::discovery::Resolve;
+use mcs_core::endpoints::{BalancerConfig, Locality};
+use mcs_core::name::Zone;
+
+use crate::classify::Classify;
+use crate::retry::{Budget, NoRetry, Retry};
+use crate::service::Mcs;
+use crate::target::{Registry, RegistryConfig, now};
+
+/// A tower layer that balances requests to ClusterSet services; see the [crate docs](crate).
+///
+/// Every service made by one layer shares its discovery (one background task per service
+/// and port), its endpoint state and its retry budget.
+#[derive(Clone)]
+pub struct McsLayer<R = NoRetry> {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) replay: Option<R>,
+}
+
+/// Settings and state shared by every service of one layer.
+pub(crate) struct Shared {
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) resolution_timeout: Duration,
+    pub(crate) fail_fast: Duration,
+    pub(crate) request_timeout: Option<Duration>,
+    pub(crate) classify: Classify,
+    pub(crate) retry: Option<RetrySettings>,
+}
+
+pub(crate) struct RetrySettings {
+    pub(crate) max_retries: u32,
+    pub(crate) idempotent_on_close: bool,
+    pub(crate) budget: Budget,
+}
+
+impl McsLayer {
+    /// A layer with default settings: zone `clusterset.local`, local-first balancing from
+    /// `locality`, first resolution within 5 s, fail fast after 3 s without endpoints, no
+    /// request timeout, 5xx counted as failures, no retries.
+    pub fn new(resolver: impl Resolve, locality: Locality) -> Self {
+        Self::builder(resolver, locality).build()
+    }
+
+    /// A builder starting from the defaults of [`McsLayer::new`].
+    pub fn builder(resolver: impl Resolve, locality: Locality) -> Builder {
+        Builder {
+            resolver: Arc::new(resolver),
+            locality,
+            zone: Zone::default(),
+            balancer: BalancerConfig::default(),
+            resolution_timeout: Duration::from_secs(5),
+            fail_fast: Duration::from_secs(3),
+            request_timeout: None,
+            classify: Classify::default(),
+            idle_timeout: Some(Duration::from_secs(600)),
+            retry: None,
+        }
+    }
+}
+
+impl<R> McsLayer<R> {
+    /// How many services (service and port pairs) have live discovery.
+    pub fn active_services(&self) -> usize {
+        self.shared.registry.len()
+    }
+}
+
+impl<S, R: Clone> Layer<S> for McsLayer<R> {
+    type Service = Mcs<S, R>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Mcs::new(inner, Arc::clone(&self.shared), self.replay.clone())
+    }
+}
+
+impl<R> fmt::Debug for McsLayer<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("McsLayer")
+            .field("registry", &self.shared.registry)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds an [`McsLayer`].
+#[must_use]
+pub struct Builder<R = NoRetry> {
+    resolver: Arc<dyn Resolve>,
+    locality: Locality,
+    zone: Zone,
+    balancer: BalancerConfig,
+    resolution_timeout: Duration,
+    fail_fast: Duration,
+    request_timeout: Option<Duration>,
+    classify: Classify,
+    idle_timeout: Option<Duration>,
+    retry: Option<Retry<R>>,
+}
+
+impl<R> Builder<R> {
+    /// The ClusterSet zone (default `clusterset.local`). Hosts under it are balanced; all
+    /// others pass through.
+    pub fn zone(mut self, zone: Zone) -> Self {
+        self.zone = zone;
+        self
+    }
+
+    /// The balancer settings (policy, tiering, outlier detection).
+    pub fn balancer(mut self, config: BalancerConfig) -> Self {
+        self.balancer = config;
+        self
+    }
+
+    /// How long the first request to a service waits for its first resolution (default
+    /// 5 s) before failing with [`Error::Resolve`](crate::Error::Resolve).
+    pub fn resolution_timeout(mut self, timeout: Duration) -> Self {
+        self.resolution_timeout = timeout;
+        self
+    }
+
+    /// How long requests wait for endpoints when a service has none (default 3 s). After
+    /// that, requests fail at once with [`Error::NoEndpoints`](crate::Error::NoEndpoints)
+    /// until endpoints return. Zero fails at once.
+    pub fn fail_fast(mut self, delay: Duration) -> Self {
+        self.fail_fast = delay;
+        self
+    }
+
+    /// A timeout per attempt, from pick to response head (default: none). A timed-out
+    /// attempt counts as a failure of its endpoint.
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = Some(timeout);
+        self
+    }
+
+    /// Which responses count as endpoint failures.
+    pub fn classify(mut self, classify: Classify) -> Self {
+        self.classify = classify;
+        self
+    }
+
+    /// Stop discovery for a service that has had no request for this long (default 10
+    /// minutes; `None` keeps every service forever). Checked every 5 s.
+    pub fn idle_timeout(mut self, idle: Option<Duration>) -> Self {
+        self.idle_timeout = idle;
+        self
+    }
+
+    /// Retries on another endpoint after connect failures, bounded by a budget (default:
+    /// off). See [`Retry`].
+    pub fn retry<R2>(self, retry: Retry<R2>) -> Builder<R2> {
+        Builder {
+            resolver: self.resolver,
+            locality: self.locality,
+            zone: self.zone,
+            balancer: self.balancer,
+            resolution_timeout: self.resolution_timeout,
+            fail_fast: self.fail_fast,
+            request_timeout: self.request_timeout,
+            classify: self.classify,
+            idle_timeout: self.idle_timeout,
+            retry: Some(retry),
+        }
+    }
+
+    /// The layer.
+    pub fn build(self) -> McsLayer<R> {
+        let base = now();
+        let registry = Registry::new(
+            RegistryConfig {
+                zone: self.zone,
+                locality: self.locality,
+                balancer: self.balancer,
+                idle_timeout: self.idle_timeout,
+            },
+            self.resolver,
+            base,
+        );
+        let (retry, replay) = match self.retry {
+            Some(r) => (
+                Some(RetrySettings {
+                    max_retries: r.max_retries,
+                    idempotent_on_close: r.idempotent_on_close,
+                    budget: Budget::new(r.percent, r.min_per_sec, r.ttl, base),
+                }),
+                Some(r.replay),
+            ),
+            None => (None, None),
+        };
+        McsLayer {
+            shared: Arc::new(Shared {
+                registry: Arc::new(registry),
+                resolution_timeout: self.resolution_timeout,
+                fail_fast: self.fail_fast,
+                request_timeout: self.request_timeout,
+                classify: self.classify,
+                retry,
+            }),
+            replay,
+        }
+    }
+}
+
+impl<R> fmt::Debug for Builder<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Builder")
+            .field("zone", &self.zone)
+            .field("locality", &self.locality)
+            .field("balancer", &self.balancer)
+            .field("resolution_timeout", &self.resolution_timeout)
+            .field("fail_fast", &self.fail_fast)
+            .field("request_timeout", &self.request_timeout)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("retry", &self.retry.is_some())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,161 @@
+//! The metrics the layer publishes, through a recorder installed for the test's thread.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use http::{Request, Response};
+use mcs_client::{McsLayer, StaticResolver};
+use mcs_core::discovery::Endpoint;
+use mcs_core::endpoints::Locality;
+use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+use tower::{ServiceBuilder, ServiceExt};
+
+use support::{HOST, cluster, target};
+
+/// Keeps every counter and gauge by its name and sorted labels.
+#[derive(Default)]
+struct TestRecorder {
+    values: Mutex<BTreeMap<String, Arc<AtomicU64>>>,
+}
+
+impl TestRecorder {
+    fn handle(&self, key: &Key) -> Arc<AtomicU64> {
+        let mut labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        labels.sort();
+        let name = format!("{}{{{}}}", key.name(), labels.join(","));
+        Arc::clone(self.values.lock().unwrap().entry(name).or_default())
+    }
+
+    fn counter(&self, name: &str) -> u64 {
+        self.values
+            .lock()
+            .unwrap()
+            .get(name)
+            .map_or(0, |v| v.load(Ordering::Relaxed))
+    }
+
+    fn gauge(&self, name: &str) -> f64 {
+        self.values
+            .lock()
+            .unwrap()
+            .get(name)
+            .map_or(0.0, |v| f64::from_bits(v.load(Ordering::Relaxed)))
+    }
+}
+
+impl Recorder for TestRecorder {
+    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+
+    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+        Counter::from_arc(self.handle(key))
+    }
+
+    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+        Gauge::from_arc(self.handle(key))
+    }
+
+    fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+        Histogram::noop()
+    }
+}
+
+#[test]
+fn picks_outcomes_endpoints_and_errors_are_counted() {
+    let recorder = TestRecorder::default();
+    // A current-thread runtime: the discovery task runs on this thread, where the recorder is.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            mcs_client::metrics::describe();
+            let east = Endpoint::ready(SocketAddr::from(([127, 10, 0, 1], 9443)), cluster("east"));
+            let west = Endpoint::ready(SocketAddr::from(([127, 20, 0, 1], 9443)), cluster("west"));
+            let resolver = StaticResolver::new();
+            resolver.set(&target(9443), [east, west]);
+            let inner = tower::service_fn(|req: Request<String>| async move {
+                let status = if req.uri().path() == "/fail" {
+                    503
+                } else {
+                    200
+                };
+                Ok::<_, std::convert::Infallible>(
+                    Response::builder()
+                        .status(status)
+                        .body(String::new())
+                        .unwrap(),
+                )
+            });
+            let svc = ServiceBuilder::new()
+                .layer(McsLayer::new(
+                    resolver.clone(),
+                    Locality::cluster(cluster("east")),
+                ))
+                .service(inner);
+            for path in ["/ok"; 9].into_iter().chain(["/fail"]) {
+                let req = Request::get(format!("http://{HOST}:9443{path}"))
+                    .body(String::new())
+                    .unwrap();
+                svc.clone().oneshot(req).await.unwrap();
+            }
+            resolver.fail(&target(9443), "watch broken");
+            tokio::task::yield_now().await;
+        });
+    });
+    let labels = "port=9443,service=loyalty/loyalty-accrual";
+    assert_eq!(
+        recorder.counter(&format!("mcs_client_picks_total{{{labels},tier=1}}")),
+        10
+    );
+    assert_eq!(
+        recorder.counter(&format!(
+            "mcs_client_responses_total{{cluster=east,outcome=success,{labels}}}"
+        )),
+        9
+    );
+    assert_eq!(
+        recorder.counter(&format!(
+            "mcs_client_responses_total{{cluster=east,outcome=failure,{labels}}}"
+        )),
+        1
+    );
+    assert_eq!(
+        recorder.gauge(&format!(
+            "mcs_client_endpoints{{cluster=east,{labels},state=ready}}"
+        )),
+        1.0
+    );
+    assert_eq!(
+        recorder.gauge(&format!(
+            "mcs_client_endpoints{{cluster=west,{labels},state=ready}}"
+        )),
+        1.0
+    );
+    assert_eq!(
+        recorder.gauge(&format!("mcs_client_tier_endpoints{{{labels},tier=1}}")),
+        1.0
+    );
+    assert_eq!(
+        recorder.gauge(&format!("mcs_client_tier_endpoints{{{labels},tier=2}}")),
+        1.0
+    );
+    assert_eq!(
+        recorder.counter(&format!("mcs_client_resolve_errors_total{{{labels}}}")),
+        1
+    );
+    let age = recorder.gauge(&format!("mcs_client_snapshot_age_seconds{{{labels}}}"));
+    assert!(
+        (0.0..1.0).contains(&age),
+        "the set was confirmed just now: {age}"
+    );
+}

@@ -1,0 +1,491 @@
+//! The balancer: snapshot publication off the request path, picks on it.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use arc_swap::{ArcSwap, Guard};
+
+use super::config::{BalancerConfig, Locality, Policy};
+use super::hash::{self, mix64};
+use super::snapshot::Snapshot;
+use super::state::{EndpointState, Shared};
+use crate::ClusterId;
+use crate::discovery::{Endpoint, EndpointTable, Update};
+
+/// The result of a request, fed back into outlier detection and load estimates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The endpoint answered well.
+    Success,
+    /// The endpoint failed (connect error, timeout, or a response the caller counts as a
+    /// failure, such as 503).
+    Failure,
+}
+
+/// Why no endpoint could be picked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PickError {
+    /// Discovery has not delivered anything yet.
+    #[error("no endpoint set resolved yet")]
+    NotResolved,
+    /// The service does not exist.
+    #[error("the service does not exist")]
+    DoesNotExist,
+    /// The service exists but has no usable endpoint (none ready, none eligible, or all
+    /// ejected with panic mode disabled).
+    #[error("the service has no ready endpoints")]
+    NoEndpoints,
+}
+
+/// What a pick needs from the caller.
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct PickContext {
+    /// A random number (for example from `fastrand::u64(..)`); all 64 bits are used.
+    pub random: u64,
+    /// The current time, which the caller already has.
+    pub now: Instant,
+    /// A session-affinity key (for example a hash of the client IP): picks with the same
+    /// key go to the same endpoint while it stays in service. Tier and endpoint are then
+    /// chosen by consistent hashing instead of the policy.
+    pub affinity: Option<u64>,
+}
+
+impl PickContext {
+    /// A context with a random number and the current time.
+    pub fn new(random: u64, now: Instant) -> Self {
+        Self {
+            random,
+            now,
+            affinity: None,
+        }
+    }
+
+    /// The same context with a session-affinity key.
+    #[must_use]
+    pub fn with_affinity(mut self, key: u64) -> Self {
+        self.affinity = Some(key);
+        self
+    }
+}
+
+/// A picked endpoint. The request counts as in flight until [`Picked::complete`] is
+/// called or the guard is dropped (a cancelled request: in-flight goes down, nothing is
+/// recorded).
+#[derive(Debug)]
+pub struct Picked {
+    state: Arc<EndpointState>,
+    tier: usize,
+}
+
+impl Picked {
+    /// Where to send the request.
+    pub fn addr(&self) -> SocketAddr {
+        self.state.endpoint().addr
+    }
+
+    /// The endpoint.
+    pub fn endpoint(&self) -> &Endpoint {
+        self.state.endpoint()
+    }
+
+    /// The tier it was picked from (0 is the most preferred; see
+    /// [`Snapshot::tiers`]).
+    pub fn tier(&self) -> usize {
+        self.tier
+    }
+
+    /// The endpoint's live state.
+    pub fn state(&self) -> &EndpointState {
+        &self.state
+    }
+
+    /// Records the request's outcome and latency. Cost: a handful of atomics and one
+    /// `exp` (the peak-EWMA decay); no lock, allocation or clock read.
+    pub fn complete(self, outcome: Outcome, latency: Duration, now: Instant) {
+        let now = self.state.shared().nanos(now);
+        self.state.record(outcome == Outcome::Success, latency, now);
+        // Dropping `self` decrements the in-flight count.
+    }
+}
+
+impl Drop for Picked {
+    fn drop(&mut self) {
+        self.state.end();
+    }
+}
+
+/// The endpoint set of one target and the picks over it.
+///
+/// ```
+/// use std::net::SocketAddr;
+/// use std::time::{Duration, Instant};
+/// use mcs_core::ClusterId;
+/// use mcs_core::discovery::{Endpoint, Update};
+/// use mcs_core::endpoints::{Balancer, BalancerConfig, Locality, Outcome, PickContext};
+///
+/// let east: ClusterId = "east".parse().unwrap();
+/// let t0 = Instant::now();
+/// let balancer = Balancer::new(Locality::cluster(east.clone()), BalancerConfig::default(), t0);
+/// let addr: SocketAddr = "10.1.0.7:9443".parse().unwrap();
+/// balancer.apply(Update::Reset(vec![Endpoint::ready(addr, east)]));
+///
+/// let picked = balancer.pick(PickContext::new(0x5eed, t0)).unwrap();
+/// assert_eq!(picked.addr(), addr);
+/// picked.complete(Outcome::Success, Duration::from_millis(3), t0);
+/// ```
+#[derive(Debug)]
+pub struct Balancer {
+    snapshot: ArcSwap<Snapshot>,
+    shared: Arc<Shared>,
+    policy: Policy,
+    rr: CachePadded<AtomicU64>,
+    config: BalancerConfig,
+    locality: Locality,
+    update: Mutex<UpdateState>,
+}
+
+#[derive(Debug, Default)]
+struct UpdateState {
+    table: EndpointTable,
+    eligible: Option<BTreeSet<ClusterId>>,
+    /// The snapshot before the current one, kept until the next publication so that a
+    /// pick still holding it never drops the last reference (an O(n) free) itself.
+    replaced: Option<Arc<Snapshot>>,
+}
+
+impl Balancer {
+    /// A balancer with no endpoints yet. `base` is any instant before every `now` the
+    /// caller will pass (time is kept as nanoseconds since it).
+    pub fn new(locality: Locality, config: BalancerConfig, base: Instant) -> Self {
+        Self {
+            snapshot: ArcSwap::from_pointee(Snapshot::default()),
+            shared: Arc::new(Shared::new(&config, base)),
+            policy: config.policy,
+            rr: CachePadded(AtomicU64::new(0)),
+            update: Mutex::new(UpdateState {
+                eligible: config.eligible_clusters.clone(),
+                ..UpdateState::default()
+            }),
+            config,
+            locality,
+        }
+    }
+
+    /// Applies a discovery update and publishes a new snapshot if anything changed.
+    /// Returns whether it did. Called off the request path (it takes a lock and
+    /// allocates; O(n) for n endpoints).
+    pub fn apply(&self, update: Update) -> bool {
+        self.apply_all(std::iter::once(update))
+    }
+
+    /// Applies several updates (for example everything a discovery stream has ready) and
+    /// publishes at most one snapshot. Returns whether anything changed.
+    pub fn apply_all(&self, updates: impl IntoIterator<Item = Update>) -> bool {
+        let mut st = self.lock();
+        let mut changed = false;
+        for update in updates {
+            changed |= st.table.apply(update);
+        }
+        if changed {
+            self.publish(&mut st);
+        }
+        changed
+    }
+
+    /// Changes which clusters' endpoints are eligible (`None`: all), for example when the
+    /// merge changes which clusters expose the port. Returns whether it changed.
+    pub fn set_eligible_clusters(&self, clusters: Option<BTreeSet<ClusterId>>) -> bool {
+        let mut st = self.lock();
+        if st.eligible == clusters {
+            return false;
+        }
+        st.eligible = clusters;
+        if st.table.exists().is_some() {
+            self.publish(&mut st);
+        }
+        true
+    }
+
+    /// The current snapshot.
+    pub fn snapshot(&self) -> Guard<Arc<Snapshot>> {
+        self.snapshot.load()
+    }
+
+    /// Picks an endpoint for one request.
+    ///
+    /// Cost (see `benches/endpoint_selection.rs`): one `ArcSwap` load, a few relaxed
+    /// loads, two candidate reads for p2c, one RMW on the endpoint's in-flight count and
+    /// one on its `Arc` count; no lock, allocation or clock read. After an ejection, or
+    /// once one expires, the first pick also recomputes the tier shares (O(n)).
+    pub fn pick(&self, ctx: PickContext) -> Result<Picked, PickError> {
+        let snap = self.snapshot.load();
+        match snap.exists() {
+            None => return Err(PickError::NotResolved),
+            Some(false) => return Err(PickError::DoesNotExist),
+            Some(true) if snap.is_empty() => return Err(PickError::NoEndpoints),
+            Some(true) => {}
+        }
+        let plan = snap.plan();
+        let generation = self.shared.generation.load(Ordering::Relaxed);
+        let now = if plan.is_quiet(generation) {
+            // Nothing in this snapshot is ejected: health needs no time (and converting
+            // an `Instant` costs ~100 instructions).
+            u64::MAX
+        } else {
+            let now = self.shared.nanos(ctx.now);
+            if plan.is_stale(generation, now) {
+                snap.refresh(now, &self.shared, &self.config);
+            }
+            now
+        };
+        let tier_random = || mix64(ctx.affinity.unwrap_or(ctx.random) ^ TIER_SALT);
+        let (mut tier_index, panic) = plan.choose(tier_random).ok_or(PickError::NoEndpoints)?;
+        let tiers = snap.tiers();
+        if tiers[tier_index].is_empty() {
+            // Only while another pick rewrites the plan: take the first non-empty tier.
+            tier_index = tiers.iter().position(|t| !t.is_empty()).unwrap_or(0);
+        }
+        let tier = &tiers[tier_index];
+        let usable = |s: &EndpointState| panic || s.usable(now);
+        let index = match ctx.affinity {
+            Some(key) => match snap.ring(tier_index) {
+                Some(ring) => ring.lookup(key, |i| usable(&tier[i])).unwrap_or(0),
+                None => hash::rendezvous(tier, key, usable),
+            },
+            None => match self.policy {
+                Policy::RoundRobin => self.round_robin(tier, &usable),
+                Policy::LeastLoaded => p2c(tier, ctx.random, &usable, EndpointState::load),
+                Policy::PeakEwma => {
+                    let params = self.shared.ewma_params();
+                    let clock = std::cell::OnceCell::new();
+                    let now = || {
+                        *clock.get_or_init(|| match now {
+                            u64::MAX => self.shared.nanos(ctx.now),
+                            now => now,
+                        })
+                    };
+                    p2c(tier, ctx.random, &usable, |s| s.ewma_cost(now, params))
+                }
+            },
+        };
+        let state = &tier[index];
+        state.begin();
+        Ok(Picked {
+            state: Arc::clone(state),
+            tier: tier_index,
+        })
+    }
+
+    /// The caller's locality.
+    pub fn locality(&self) -> &Locality {
+        &self.locality
+    }
+
+    /// The configuration the balancer was built with (eligible clusters as of
+    /// construction; see [`Balancer::eligible_clusters`]).
+    pub fn config(&self) -> &BalancerConfig {
+        &self.config
+    }
+
+    /// The clusters whose endpoints are currently eligible (`None`: all).
+    pub fn eligible_clusters(&self) -> Option<BTreeSet<ClusterId>> {
+        self.lock().eligible.clone()
+    }
+
+    /// Endpoints currently holding an ejection slot (an expired ejection holds its slot
+    /// until a pick or a new ejection notices). Never more than
+    /// [`Balancer::ejection_cap`].
+    pub fn ejected(&self) -> usize {
+        self.shared.ejected()
+    }
+
+    /// The most endpoints that may be ejected at once for the current set.
+    pub fn ejection_cap(&self) -> usize {
+        self.shared.cap()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, UpdateState> {
+        // A poisoned lock only means another updater panicked mid-update; the table is
+        // still a valid set, so keep going with it.
+        self.update.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn publish(&self, st: &mut UpdateState) {
+        // Only publishers (holding the update lock) replace the snapshot, so this is the
+        // one the new snapshot replaces.
+        let previous = self.snapshot.load_full();
+        let snapshot = Snapshot::build(
+            &st.table,
+            &self.config,
+            st.eligible.as_ref(),
+            &self.locality,
+            &self.shared,
+            &previous,
+        );
+        self.snapshot.store(Arc::new(snapshot));
+        st.replaced = Some(previous);
+    }
+
+    /// Round robin over `tier`, skipping unusable endpoints. Cost: one shared RMW and a
+    /// 32-bit division; a scan only past ejected endpoints.
+    #[inline]
+    fn round_robin(
+        &self,
+        tier: &[Arc<EndpointState>],
+        usable: &impl Fn(&EndpointState) -> bool,
+    ) -> usize {
+        let n = tier.len();
+        let start = (self.rr.0.fetch_add(1, Ordering::Relaxed) as u32 % n as u32) as usize;
+        if usable(&tier[start]) {
+            return start;
+        }
+        (1..n)
+            .map(|i| (start + i) % n)
+            .find(|&i| usable(&tier[i]))
+            .unwrap_or(start)
+    }
+}
+
+/// The two distinct indices p2c compares, from one 64-bit random number: the low half
+/// picks the first of `n`, the high half the second among the other `n - 1` (Lemire's
+/// multiply-shift range reduction, no division). `n` must be at least 2.
+#[inline]
+pub(crate) fn p2c_pair(random: u64, n: usize) -> (usize, usize) {
+    let n = n as u64;
+    let a = ((random & 0xffff_ffff) * n) >> 32;
+    let mut b = ((random >> 32) * (n - 1)) >> 32;
+    if b >= a {
+        b += 1;
+    }
+    (a as usize, b as usize)
+}
+
+/// Power of two choices: the cheaper of two distinct random endpoints, preferring usable
+/// ones. Cost: two candidate reads; when both candidates are ejected, up to two more
+/// pairs, then a scan.
+#[inline]
+fn p2c<C: PartialOrd>(
+    tier: &[Arc<EndpointState>],
+    random: u64,
+    usable: &impl Fn(&EndpointState) -> bool,
+    cost: impl Fn(&EndpointState) -> C,
+) -> usize {
+    let n = tier.len();
+    if n == 1 {
+        return 0;
+    }
+    let mut r = random;
+    for _ in 0..3 {
+        let (a, b) = p2c_pair(r, n);
+        match (usable(&tier[a]), usable(&tier[b])) {
+            (true, true) => {
+                return if cost(&tier[b]) < cost(&tier[a]) {
+                    b
+                } else {
+                    a
+                };
+            }
+            (true, false) => return a,
+            (false, true) => return b,
+            (false, false) => r = mix64(r),
+        }
+    }
+    let start = p2c_pair(random, n).0;
+    (1..n)
+        .map(|i| (start + i) % n)
+        .find(|&i| usable(&tier[i]))
+        .unwrap_or(start)
+}
+
+/// Separates the tier choice from the endpoint choice of the same random number.
+const TIER_SALT: u64 = 0x7f4a_7c15_9e37_79b9;
+
+/// Keeps a hot atomic on its own cache lines (128 bytes: adjacent-line prefetch).
+#[derive(Debug)]
+#[repr(align(128))]
+struct CachePadded<T>(T);
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn ep(last: u8, cluster: &str) -> Endpoint {
+        Endpoint::ready(
+            SocketAddr::from(([127, 0, 0, last], 9443)),
+            ClusterId::new(cluster).unwrap(),
+        )
+    }
+
+    #[test]
+    fn local_cluster_first_then_spill() {
+        let t0 = Instant::now();
+        let b = Balancer::new(
+            Locality::cluster(ClusterId::new("east").unwrap()),
+            BalancerConfig::default(),
+            t0,
+        );
+        assert_eq!(
+            b.pick(PickContext::new(1, t0)).unwrap_err(),
+            PickError::NotResolved
+        );
+        b.apply(Update::Reset(vec![ep(1, "east"), ep(2, "west")]));
+        for r in 0..20 {
+            let p = b.pick(PickContext::new(r, t0)).unwrap();
+            assert_eq!(p.endpoint().cluster.as_str(), "east");
+        }
+        let p = b.pick(PickContext::new(0, t0)).unwrap();
+        for _ in 0..5 {
+            let q = b.pick(PickContext::new(0, t0)).unwrap();
+            q.complete(Outcome::Failure, Duration::ZERO, t0);
+        }
+        drop(p);
+        let p = b.pick(PickContext::new(0, t0)).unwrap();
+        assert_eq!(
+            p.endpoint().cluster.as_str(),
+            "west",
+            "east ejected, spill to west"
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn p2c_pair_is_two_distinct_indices(random: u64, n in 2usize..100_000) {
+            let (a, b) = p2c_pair(random, n);
+            prop_assert!(a < n && b < n);
+            prop_assert_ne!(a, b);
+        }
+    }
+
+    #[test]
+    fn p2c_pairs_are_uniform() {
+        // Every unordered pair of 4 comes up about equally often.
+        let mut counts = [[0u32; 4]; 4];
+        let mut r = 1u64;
+        for _ in 0..60_000 {
+            r = mix64(r);
+            let (a, b) = p2c_pair(r, 4);
+            counts[a.min(b)][a.max(b)] += 1;
+        }
+        for (a, row) in counts.iter().enumerate() {
+            for (b, &c) in row.iter().enumerate().skip(a + 1) {
+                assert!((9_000..11_000).contains(&c), "pair {a},{b}: {c}");
+            }
+        }
+    }
+
+    #[test]
+    fn send_sync() {
+        fn is<T: Send + Sync + 'static>() {}
+        is::<Balancer>();
+        is::<Picked>();
+        is::<Snapshot>();
+        is::<Arc<Balancer>>();
+    }
+}

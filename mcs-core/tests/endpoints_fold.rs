@@ -1,0 +1,265 @@
+//! Building snapshots from the update stream: folding equals the last reset plus later
+//! deltas, slices arriving in pieces lose nothing, and in-flight counts return to zero.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mcs_core::ClusterId;
+use mcs_core::discovery::{Endpoint, EndpointTable, Update};
+use mcs_core::endpoints::{
+    Balancer, BalancerConfig, EndpointState, Locality, Outcome, PickContext, Picked, Tiering,
+};
+use proptest::prelude::*;
+
+fn addr(i: u8) -> SocketAddr {
+    SocketAddr::from(([10, 3, 0, i], 8080))
+}
+
+fn endpoint() -> impl Strategy<Value = Endpoint> {
+    (
+        0u8..10,
+        0u8..2,
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        prop::option::of(0u8..2),
+    )
+        .prop_map(|(i, c, ready, serving, terminating, zone)| Endpoint {
+            addr: addr(i),
+            cluster: ClusterId::new(format!("c{c}")).unwrap(),
+            zone: zone.map(|z| format!("z{z}").into()),
+            hostname: None,
+            ready,
+            serving,
+            terminating,
+        })
+}
+
+fn update() -> impl Strategy<Value = Update> {
+    prop_oneof![
+        2 => prop::collection::vec(endpoint(), 0..8).prop_map(Update::Reset),
+        4 => prop::collection::vec(endpoint(), 0..4).prop_map(Update::Add),
+        3 => prop::collection::vec((0u8..10).prop_map(addr), 0..4).prop_map(Update::Remove),
+        1 => Just(Update::DoesNotExist),
+    ]
+}
+
+/// The set the spec describes: start from the last `Reset` (or `DoesNotExist`, or
+/// nothing), then apply the later `Add`s and `Remove`s in order.
+fn model(updates: &[Update]) -> (BTreeMap<SocketAddr, Endpoint>, Option<bool>) {
+    let start = updates
+        .iter()
+        .rposition(|u| matches!(u, Update::Reset(_) | Update::DoesNotExist));
+    let mut set = BTreeMap::new();
+    let mut exists = None;
+    let rest = match start {
+        Some(i) => {
+            if let Update::Reset(list) = &updates[i] {
+                set.extend(list.iter().map(|e| (e.addr, e.clone())));
+                exists = Some(true);
+            } else {
+                exists = Some(false);
+            }
+            &updates[i + 1..]
+        }
+        None => updates,
+    };
+    for u in rest {
+        match u {
+            Update::Add(list) => set.extend(list.iter().map(|e| (e.addr, e.clone()))),
+            Update::Remove(addrs) => {
+                for a in addrs {
+                    set.remove(a);
+                }
+            }
+            Update::Reset(_) | Update::DoesNotExist => unreachable!(),
+        }
+        exists = Some(true);
+    }
+    (set, exists)
+}
+
+/// The pick set of a flat balancer: ready and not terminating, else serving and
+/// terminating.
+fn pick_set(table: &BTreeMap<SocketAddr, Endpoint>) -> BTreeMap<SocketAddr, Endpoint> {
+    let ready: BTreeMap<_, _> = table
+        .iter()
+        .filter(|(_, e)| e.ready && !e.terminating)
+        .map(|(a, e)| (*a, e.clone()))
+        .collect();
+    if !ready.is_empty() {
+        return ready;
+    }
+    table
+        .iter()
+        .filter(|(_, e)| e.serving && e.terminating)
+        .map(|(a, e)| (*a, e.clone()))
+        .collect()
+}
+
+fn flat(t0: Instant) -> Balancer {
+    Balancer::new(
+        Locality::cluster(ClusterId::new("c0").unwrap()),
+        BalancerConfig::default().tiering(Tiering::Flat),
+        t0,
+    )
+}
+
+fn snapshot_set(b: &Balancer) -> BTreeMap<SocketAddr, Endpoint> {
+    b.snapshot()
+        .tiers()
+        .iter()
+        .flatten()
+        .map(|s| (s.endpoint().addr, s.endpoint().clone()))
+        .collect()
+}
+
+proptest! {
+    /// Folding any update sequence equals the last reset plus later deltas, in the table
+    /// and in the balancer's snapshot; batching changes nothing.
+    #[test]
+    fn fold_equals_last_reset_plus_deltas(updates in prop::collection::vec(update(), 0..24)) {
+        let (expected, exists) = model(&updates);
+        let mut table = EndpointTable::new();
+        for u in &updates {
+            table.apply(u.clone());
+        }
+        prop_assert_eq!(table.exists(), exists);
+        let folded: BTreeMap<_, _> = table.endpoints().map(|e| (e.addr, e.clone())).collect();
+        prop_assert_eq!(&folded, &expected);
+
+        let t0 = Instant::now();
+        let one_by_one = flat(t0);
+        for u in &updates {
+            one_by_one.apply(u.clone());
+        }
+        prop_assert_eq!(one_by_one.snapshot().exists(), exists);
+        prop_assert_eq!(snapshot_set(&one_by_one), pick_set(&expected));
+
+        let batched = flat(t0);
+        batched.apply_all(updates.iter().cloned());
+        prop_assert_eq!(snapshot_set(&batched), pick_set(&expected));
+        prop_assert_eq!(batched.snapshot().exists(), exists);
+    }
+
+    /// EndpointSlices delivered as a reset of the first slice and adds of the others
+    /// give the same set as one reset of everything (the kuberesolver #66 lesson).
+    #[test]
+    fn slices_in_pieces_lose_nothing(n in 1u16..400, cut in prop::collection::vec(1usize..100, 1..8)) {
+        let all: Vec<Endpoint> = (0..n)
+            .map(|i| Endpoint::ready(
+                SocketAddr::from(([10, 4, (i >> 8) as u8, i as u8], 80)),
+                ClusterId::new("c0").unwrap(),
+            ))
+            .collect();
+        let t0 = Instant::now();
+        let whole = flat(t0);
+        whole.apply(Update::Reset(all.clone()));
+        let pieces = flat(t0);
+        let mut rest = &all[..];
+        let mut first = true;
+        let mut sizes = cut.iter().cycle();
+        while !rest.is_empty() || first {
+            let k = (*sizes.next().unwrap()).min(rest.len());
+            let (slice, tail) = rest.split_at(k);
+            pieces.apply(if first { Update::Reset(slice.to_vec()) } else { Update::Add(slice.to_vec()) });
+            first = false;
+            rest = tail;
+        }
+        prop_assert_eq!(snapshot_set(&pieces), snapshot_set(&whole));
+        prop_assert_eq!(pieces.snapshot().len(), usize::from(n));
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Pick(u64),
+    Drop(usize),
+    Complete(usize, bool),
+    Apply(Update),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        5 => any::<u64>().prop_map(Op::Pick),
+        2 => any::<usize>().prop_map(Op::Drop),
+        2 => (any::<usize>(), any::<bool>()).prop_map(|(i, ok)| Op::Complete(i, ok)),
+        2 => update().prop_map(Op::Apply),
+    ]
+}
+
+proptest! {
+    /// However picks, completions, cancellations and snapshot swaps interleave, every
+    /// endpoint state's in-flight count is back to 0 once every guard is gone, and is
+    /// exactly the number of live guards before that.
+    #[test]
+    fn in_flight_returns_to_zero(ops in prop::collection::vec(op(), 1..80)) {
+        let t0 = Instant::now();
+        let b = flat(t0);
+        b.apply(Update::Reset((0..6).map(|i| Endpoint::ready(addr(i), ClusterId::new("c0").unwrap())).collect()));
+        let mut held: Vec<Picked> = Vec::new();
+        let mut seen: Vec<Arc<EndpointState>> = Vec::new();
+        let mut now = t0;
+        for op in ops {
+            now += Duration::from_millis(10);
+            match op {
+                Op::Pick(r) => {
+                    if let Ok(p) = b.pick(PickContext::new(r, now)) {
+                        held.push(p);
+                    }
+                }
+                Op::Drop(i) if !held.is_empty() => drop(held.swap_remove(i % held.len())),
+                Op::Complete(i, ok) if !held.is_empty() => {
+                    let outcome = if ok { Outcome::Success } else { Outcome::Failure };
+                    held.swap_remove(i % held.len()).complete(outcome, Duration::from_millis(3), now);
+                }
+                Op::Apply(u) => {
+                    b.apply(u);
+                }
+                _ => {}
+            }
+            seen.extend(b.snapshot().tiers().iter().flatten().cloned());
+            let snap = b.snapshot();
+            for state in snap.tiers().iter().flatten() {
+                let guards = held.iter().filter(|p| std::ptr::eq(p.state(), &**state)).count();
+                prop_assert_eq!(state.in_flight() as usize, guards);
+            }
+        }
+        drop(held);
+        prop_assert!(seen.iter().all(|s| s.in_flight() == 0));
+    }
+}
+
+#[test]
+fn live_state_is_kept_while_in_the_pick_set() {
+    let t0 = Instant::now();
+    let b = flat(t0);
+    let a = Endpoint::ready(addr(1), ClusterId::new("c0").unwrap());
+    let other = Endpoint::ready(addr(2), ClusterId::new("c0").unwrap());
+    b.apply(Update::Reset(vec![a.clone(), other.clone()]));
+    let before = Arc::clone(b.snapshot().find(a.addr).unwrap());
+    before.report(Outcome::Success, Duration::from_millis(7), t0);
+    // Unrelated changes keep the very same state.
+    b.apply(Update::Remove(vec![other.addr]));
+    b.apply(Update::Add(vec![other]));
+    assert!(Arc::ptr_eq(b.snapshot().find(a.addr).unwrap(), &before));
+    // A change of conditions that keeps it in the set carries the measurements over.
+    let mut renamed = a.clone();
+    renamed.hostname = Some(mcs_core::name::Hostname::new("a").unwrap());
+    b.apply(Update::Add(vec![renamed]));
+    let carried = Arc::clone(b.snapshot().find(a.addr).unwrap());
+    assert!(!Arc::ptr_eq(&carried, &before));
+    assert_eq!(carried.rtt_estimate(), Duration::from_millis(7));
+    // Leaving the pick set (not ready) and coming back starts afresh.
+    let mut not_ready = a.clone();
+    not_ready.ready = false;
+    b.apply(Update::Add(vec![not_ready]));
+    assert!(b.snapshot().find(a.addr).is_none());
+    b.apply(Update::Add(vec![a.clone()]));
+    assert_eq!(
+        b.snapshot().find(a.addr).unwrap().rtt_estimate(),
+        Duration::from_millis(30)
+    );
+}
