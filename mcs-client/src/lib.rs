@@ -11,7 +11,9 @@
 //!    spill-over, p2c on load, outlier ejection; the pick reads an immutable snapshot with no
 //!    lock, no task hop and no `Buffer`;
 //! 3. rewrites the URI authority to the endpoint address, keeping the original name in
-//!    `Host` (HTTP/1);
+//!    `Host` (HTTP/1; an HTTP/2 request carries the endpoint address in `:authority`,
+//!    because RFC 9113 forbids a `Host` that differs from it and hyper derives
+//!    `:authority` from the URI);
 //! 4. counts the request in flight until its response head, then feeds latency and outcome
 //!    (errors, timeouts, 5xx as [configured](Classify)) back into the balancer;
 //! 5. optionally [retries](Retry) connect failures on another endpoint, within a budget.
