@@ -80,6 +80,26 @@ fn respond(path: &str, registry: &Mutex<Registry>, ready: &AtomicBool) -> Respon
     response
 }
 
+/// The body of the binaries' `main`: sets up logging (`RUST_LOG`, default `info`), runs
+/// `run`, logs its error and turns the outcome into an exit code.
+pub async fn main<E: std::fmt::Display>(
+    run: impl Future<Output = Result<(), E>>,
+) -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    match run.await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// Resolves when the process gets SIGINT or SIGTERM.
 pub async fn shutdown_signal() {
     let ctrl_c = async {

@@ -416,7 +416,7 @@ fn is_ours(labels: Option<&BTreeMap<String, String>>) -> bool {
 }
 
 /// The derived Service's allocated IPs and families, in family order.
-fn derived_ips(service: &Service) -> (Vec<String>, Vec<IpFamily>) {
+pub(super) fn derived_ips(service: &Service) -> (Vec<String>, Vec<IpFamily>) {
     let Some(spec) = service.spec.as_ref() else {
         return (Vec::new(), Vec::new());
     };

@@ -4,12 +4,12 @@
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
-use mcs_core::api::{IpFamily, v1beta1::ServiceExport, v1beta1::ServiceImport};
+use mcs_core::api::{v1beta1::ServiceExport, v1beta1::ServiceImport};
 use mcs_core::name::ServiceRef;
 use serde_json::json;
 
 use super::desired;
-use super::reconcile::Plan;
+use super::reconcile::{self, Plan};
 
 /// A failed write.
 #[derive(Debug, thiserror::Error)]
@@ -95,20 +95,7 @@ impl Writer {
                 .await
                 .map_err(err("apply derived Service", format!("{ns}/{derived_name}")))?;
             // Copy the allocated IPs into the import when they are new to it.
-            let spec = applied.spec.unwrap_or_default();
-            let ips: Vec<String> = spec
-                .cluster_ips
-                .unwrap_or_default()
-                .into_iter()
-                .filter(|ip| ip != "None")
-                .take(2)
-                .collect();
-            let families: Vec<IpFamily> = spec
-                .ip_families
-                .unwrap_or_default()
-                .iter()
-                .filter_map(|f| IpFamily::parse(f))
-                .collect();
+            let (ips, families) = reconcile::derived_ips(&applied);
             if !ips.is_empty() && ips.len() == families.len() {
                 let mut want = match applied_import.or(plan.import.clone()) {
                     Some(i) => i,

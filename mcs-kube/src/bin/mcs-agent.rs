@@ -24,7 +24,6 @@ use mcs_core::api::{CLUSTER_ID_PROPERTY, v1beta1::ClusterProperty};
 use mcs_kube::admin;
 use mcs_kube::agent::{Agent, AgentConfig, Member};
 use prometheus_client::registry::Registry;
-use tracing_subscriber::EnvFilter;
 
 /// The MCS agent: merges every member's ServiceExports and writes ServiceImports,
 /// EndpointSlices, derived Services and export conditions into its own cluster.
@@ -54,18 +53,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .init();
-    match run(Args::parse()).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!("{e}");
-            ExitCode::FAILURE
-        }
-    }
+    admin::main(run(Args::parse())).await
 }
 
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {

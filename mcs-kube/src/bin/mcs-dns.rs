@@ -13,7 +13,6 @@ use mcs_core::name::Zone;
 use mcs_kube::admin;
 use mcs_kube::dns::{DnsConfig, DnsServer};
 use prometheus_client::registry::Registry;
-use tracing_subscriber::EnvFilter;
 
 /// The clusterset.local DNS server of mcs.
 #[derive(Debug, Parser)]
@@ -41,18 +40,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .init();
-    match run(Args::parse()).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!("{e}");
-            ExitCode::FAILURE
-        }
-    }
+    admin::main(run(Args::parse())).await
 }
 
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
