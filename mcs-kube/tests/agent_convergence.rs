@@ -452,3 +452,60 @@ async fn exports_outside_the_allowed_namespaces_are_refused() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_serving_only_v1alpha1_is_read_at_v1alpha1() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let mut set = ClusterSet::start_bare(&["east", "west"]).await;
+    set.namespace(NS).await;
+    // West has not upgraded: its ServiceExport CRD serves v1alpha1 only.
+    let crds: Api<CustomResourceDefinition> = Api::all(set.client(1).clone());
+    let mut crd = crds
+        .get("serviceexports.multicluster.x-k8s.io")
+        .await
+        .unwrap();
+    for v in &mut crd.spec.versions {
+        let alpha = v.name == "v1alpha1";
+        v.served = alpha;
+        v.storage = alpha;
+    }
+    crds.replace(
+        "serviceexports.multicluster.x-k8s.io",
+        &PostParams::default(),
+        &crd,
+    )
+    .await
+    .unwrap();
+    support::wait_for(
+        "v1beta1 no longer served in west",
+        Duration::from_secs(20),
+        || async {
+            let group = kube::discovery::group(set.client(1), "multicluster.x-k8s.io")
+                .await
+                .ok()?;
+            let exports_beta = group
+                .versioned_resources("v1beta1")
+                .iter()
+                .any(|(r, _)| r.plural == "serviceexports");
+            (!exports_beta).then_some(())
+        },
+    )
+    .await;
+    create_service(set.client(1), NS, &hello_service("accrual")).await;
+    let mut se = mcs_core::api::v1alpha1::ServiceExport::new("accrual", Default::default());
+    se.metadata.namespace = Some(NS.into());
+    Api::<mcs_core::api::v1alpha1::ServiceExport>::namespaced(set.client(1).clone(), NS)
+        .create(&PostParams::default(), &se)
+        .await
+        .unwrap();
+    set.start_agent(0);
+    let si = wait_import(
+        set.client(0),
+        NS,
+        "accrual",
+        "import from a v1alpha1-only peer",
+        |si| clusters_of(si) == ["west"],
+    )
+    .await;
+    assert_eq!(si.spec.ports.len(), 2);
+}

@@ -308,9 +308,13 @@ fn spawn_export_watch(
     let tx = tx.clone();
     tasks.spawn(async move {
         let alpha_only = match kube::discovery::group(&client, MCS_GROUP).await {
+            // Versions are per resource: a member may serve ServiceImports at v1beta1 and
+            // still serve ServiceExports at v1alpha1 only.
             Ok(group) => {
-                let served: Vec<String> = group.versions().map(str::to_owned).collect();
-                !served.iter().any(|v| v == "v1beta1") && served.iter().any(|v| v == "v1alpha1")
+                let serves = |version: &str| {
+                    group.versioned_resources(version).iter().any(|(r, _)| r.plural == "serviceexports")
+                };
+                !serves("v1beta1") && serves("v1alpha1")
             }
             // Unreachable or no MCS CRDs yet: watch v1beta1 and let the watch report errors.
             Err(_) => false,
