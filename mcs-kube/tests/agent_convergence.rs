@@ -411,6 +411,17 @@ async fn hand_written_and_malformed_imports_are_left_alone() {
     assert!(still.metadata.labels.is_none());
     // Nothing it did not create is deleted.
     assert!(dynamic.get_opt("handmade").await.unwrap().is_some());
+    // And it says why, as a Warning event on the import it leaves alone.
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(set.client(2).clone(), NS);
+    support::wait_for("ForeignServiceImport event", IMPORT_TIMEOUT, || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items.into_iter().find(|e| {
+            e.reason.as_deref() == Some("ForeignServiceImport")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("manual")
+        })
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

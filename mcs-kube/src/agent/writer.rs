@@ -1,9 +1,11 @@
 //! Executes a [`Plan`] against the agent's own cluster: server-side apply with one field
 //! manager, status through the status subresource, deletes that tolerate "already gone".
 
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use mcs_core::api::{v1beta1::ServiceExport, v1beta1::ServiceImport};
 use mcs_core::name::ServiceRef;
 use serde_json::json;
@@ -24,11 +26,17 @@ pub struct WriteError {
 pub(super) struct Writer {
     client: kube::Client,
     apply: PatchParams,
+    recorder: Recorder,
 }
 
 impl Writer {
     pub(super) fn new(client: kube::Client, field_manager: String) -> Self {
+        let reporter = Reporter {
+            controller: field_manager.clone(),
+            instance: None,
+        };
         Self {
+            recorder: Recorder::new(client.clone(), reporter),
             client,
             apply: PatchParams::apply(&field_manager).force(),
         }
@@ -46,7 +54,27 @@ impl Writer {
         };
         if plan.foreign_import {
             tracing::warn!(service = %service, "a ServiceImport exists that mcs-agent did not create; leaving it alone");
+            let reference = ObjectReference {
+                api_version: Some("multicluster.x-k8s.io/v1beta1".into()),
+                kind: Some("ServiceImport".into()),
+                name: Some(name.to_owned()),
+                namespace: Some(ns.to_owned()),
+                ..Default::default()
+            };
+            let event = Event {
+                type_: EventType::Warning,
+                reason: "ForeignServiceImport".into(),
+                note: Some(format!(
+                    "{ns}/{name} is exported in the ClusterSet, but this ServiceImport was not created by mcs-agent; it is left alone"
+                )),
+                action: "Reconcile".into(),
+                secondary: None,
+            };
+            if let Err(e) = self.recorder.publish(&event, &reference).await {
+                tracing::debug!(service = %service, error = %e, "cannot record event");
+            }
         }
+
         let imports: Api<ServiceImport> = Api::namespaced(self.client.clone(), ns);
         let services: Api<Service> = Api::namespaced(self.client.clone(), ns);
         let slices: Api<EndpointSlice> = Api::namespaced(self.client.clone(), ns);
