@@ -431,15 +431,7 @@ impl ZoneData {
                         }
                         out.additional_addresses(&target, ep.addresses.iter().copied());
                     }
-                    let w = weight(seen.len());
-                    for (target, port) in seen {
-                        out.push(RData::Srv {
-                            priority: 0,
-                            weight: w,
-                            port,
-                            target,
-                        });
-                    }
+                    out.srv_set(seen);
                 }
                 true
             }
@@ -484,7 +476,6 @@ impl ZoneData {
             }
             ServiceImportType::Headless => {
                 let mut seen = BTreeSet::new();
-                let mut addresses = Vec::new();
                 for (slice, ep) in ready_endpoints(entry) {
                     let Some(p) = slice
                         .data
@@ -497,25 +488,17 @@ impl ZoneData {
                     let Some(target) = self.endpoint_target(svc, &slice.cluster, ep) else {
                         continue;
                     };
-                    seen.insert((target.clone(), p.port));
-                    addresses.push((target, ep.addresses.clone()));
+                    // Addresses go to the additional section only for SRV questions.
+                    if qtype == QueryType::Srv {
+                        out.additional_addresses(&target, ep.addresses.iter().copied());
+                    }
+                    seen.insert((target, p.port));
                 }
                 if seen.is_empty() {
                     return false;
                 }
                 if qtype == QueryType::Srv {
-                    let w = weight(seen.len());
-                    for (target, port) in seen {
-                        out.push(RData::Srv {
-                            priority: 0,
-                            weight: w,
-                            port,
-                            target,
-                        });
-                    }
-                    for (target, addrs) in addresses {
-                        out.additional_addresses(&target, addrs);
-                    }
+                    out.srv_set(seen);
                 }
                 true
             }
@@ -634,6 +617,19 @@ impl Builder<'_> {
                 (IpAddr::V6(v6), QueryType::Aaaa | QueryType::Any) => self.push(RData::Aaaa(v6)),
                 _ => {}
             }
+        }
+    }
+
+    /// One SRV record per (target, port), priority 0, the weight split evenly.
+    fn srv_set(&mut self, records: BTreeSet<(String, u16)>) {
+        let weight = weight(records.len());
+        for (target, port) in records {
+            self.push(RData::Srv {
+                priority: 0,
+                weight,
+                port,
+                target,
+            });
         }
     }
 
