@@ -94,9 +94,11 @@ impl Pick {
         }
     }
 
-    fn complete(self, outcome: Outcome, latency: Duration, now: Instant) {
-        if let Self::Balanced(p) = self {
-            p.complete(outcome, latency, now);
+    /// Feeds the outcome back; returns whether it ejected the endpoint.
+    fn complete(self, outcome: Outcome, latency: Duration, now: Instant) -> bool {
+        match self {
+            Self::Balanced(p) => p.complete(outcome, latency, now),
+            Self::Direct(_) => false,
         }
     }
 }
@@ -199,7 +201,9 @@ impl Attempt {
                     Outcome::Success
                 };
                 let tier = self.picked.tier();
-                self.picked.complete(outcome, latency, now);
+                if self.picked.complete(outcome, latency, now) {
+                    ejected(&self.meta, &self.target, now);
+                }
                 response.extensions_mut().insert(Served {
                     meta: self.meta,
                     tier,
@@ -212,7 +216,9 @@ impl Attempt {
                 self.meta.failure.increment(1);
                 debug!(service = %self.target.name, endpoint = %self.meta.endpoint.addr,
                     cluster = %self.meta.endpoint.cluster, ?kind, error = %err, "request failed");
-                self.picked.complete(Outcome::Failure, latency, now);
+                if self.picked.complete(Outcome::Failure, latency, now) {
+                    ejected(&self.meta, &self.target, now);
+                }
                 Err((err, kind))
             }
         }
@@ -222,11 +228,13 @@ impl Attempt {
     pub(crate) fn timed_out(self) -> BoxError {
         let now = now();
         self.meta.failure.increment(1);
-        self.picked.complete(
+        if self.picked.complete(
             Outcome::Failure,
             now.saturating_duration_since(self.started),
             now,
-        );
+        ) {
+            ejected(&self.meta, &self.target, now);
+        }
         Error::Timeout {
             service: self.target.name.clone(),
             endpoint: self.meta.endpoint.addr,
@@ -234,6 +242,14 @@ impl Attempt {
         }
         .into()
     }
+}
+
+/// Counts an ejection this attempt's outcome caused and refreshes the ejected gauge.
+fn ejected(meta: &EndpointMeta, target: &TargetShared, now: Instant) {
+    meta.ejections.increment(1);
+    target.publish_ejected(now);
+    debug!(service = %target.name, endpoint = %meta.endpoint.addr,
+        cluster = %meta.endpoint.cluster, "endpoint ejected by outlier detection");
 }
 
 pub(crate) type BoxResponseFuture<RB> =

@@ -12,6 +12,8 @@
 //! | `mcs_client_picks_total` | counter | `service`, `port`, `tier` (`0`, `1`, `2`, `3+`; 0 is the most preferred) |
 //! | `mcs_client_responses_total` | counter | `service`, `port`, `cluster`, `outcome` (`success`, `failure`) |
 //! | `mcs_client_retries_total` | counter | `service`, `port`, `result` (`sent`, `budget_exhausted`) |
+//! | `mcs_client_ejections_total` | counter | `service`, `port`, `cluster`: endpoints ejected by outlier detection |
+//! | `mcs_client_ejected_endpoints` | gauge | `service`, `port`: endpoints out of service now (updated on every ejection and on a 5 s tick, so expiries show within seconds) |
 //! | `mcs_client_resolve_errors_total` | counter | `service`, `port` |
 //! | `mcs_client_snapshot_age_seconds` | gauge | `service`, `port`: time since discovery last confirmed the set |
 //!
@@ -35,6 +37,10 @@ pub const PICKS: &str = "mcs_client_picks_total";
 pub const RESPONSES: &str = "mcs_client_responses_total";
 /// Retries after connect failures, by result.
 pub const RETRIES: &str = "mcs_client_retries_total";
+/// Outlier ejections, by the ejected endpoint's cluster.
+pub const EJECTIONS: &str = "mcs_client_ejections_total";
+/// Endpoints ejected at the moment.
+pub const EJECTED: &str = "mcs_client_ejected_endpoints";
 /// Errors reported by the resolver.
 pub const RESOLVE_ERRORS: &str = "mcs_client_resolve_errors_total";
 /// Seconds since discovery last confirmed the endpoint set.
@@ -59,6 +65,11 @@ pub fn describe() {
         "Balanced requests, by endpoint cluster and outcome."
     );
     metrics::describe_counter!(RETRIES, "Retries on another endpoint, by result.");
+    metrics::describe_counter!(
+        EJECTIONS,
+        "Endpoints ejected by outlier detection, by the endpoint's cluster."
+    );
+    metrics::describe_gauge!(EJECTED, "Endpoints ejected by outlier detection now.");
     metrics::describe_counter!(RESOLVE_ERRORS, "Errors reported by the resolver.");
     metrics::describe_gauge!(
         SNAPSHOT_AGE,
@@ -76,6 +87,7 @@ pub(crate) struct TargetMetrics {
     pub(crate) retries_exhausted: Counter,
     pub(crate) resolve_errors: Counter,
     pub(crate) snapshot_age: Gauge,
+    pub(crate) ejected: Gauge,
 }
 
 impl TargetMetrics {
@@ -90,6 +102,7 @@ impl TargetMetrics {
             retries_exhausted: retry("budget_exhausted"),
             resolve_errors: counter!(RESOLVE_ERRORS, "service" => service.clone(), "port" => port.clone()),
             snapshot_age: gauge!(SNAPSHOT_AGE, "service" => service.clone(), "port" => port.clone()),
+            ejected: gauge!(EJECTED, "service" => service.clone(), "port" => port.clone()),
             service,
             port,
         }
@@ -100,13 +113,15 @@ impl TargetMetrics {
         self.picks[tier.min(3)].increment(1);
     }
 
-    /// Outcome counters for one endpoint.
-    pub(crate) fn outcomes(&self, endpoint: &Endpoint) -> (Counter, Counter) {
+    /// Outcome counters for one endpoint: success, failure, ejections.
+    pub(crate) fn outcomes(&self, endpoint: &Endpoint) -> (Counter, Counter, Counter) {
         let c = |outcome: &'static str| {
             counter!(RESPONSES, "service" => self.service.clone(), "port" => self.port.clone(),
                 "cluster" => endpoint.cluster.to_string(), "outcome" => outcome)
         };
-        (c("success"), c("failure"))
+        let ejections = counter!(EJECTIONS, "service" => self.service.clone(), "port" => self.port.clone(),
+            "cluster" => endpoint.cluster.to_string());
+        (c("success"), c("failure"), ejections)
     }
 }
 

@@ -37,16 +37,18 @@ pub(crate) struct EndpointMeta {
     pub(crate) authority: Authority,
     pub(crate) success: Counter,
     pub(crate) failure: Counter,
+    pub(crate) ejections: Counter,
 }
 
 impl EndpointMeta {
     fn new(endpoint: Endpoint, metrics: &TargetMetrics) -> Self {
-        let (success, failure) = metrics.outcomes(&endpoint);
+        let (success, failure, ejections) = metrics.outcomes(&endpoint);
         Self {
             authority: authority_of(endpoint.addr),
             endpoint,
             success,
             failure,
+            ejections,
         }
     }
 }
@@ -153,6 +155,14 @@ impl TargetShared {
         if self.last_used.load(Ordering::Relaxed) != secs {
             self.last_used.store(secs, Ordering::Relaxed);
         }
+    }
+
+    /// Publishes how many endpoints are ejected at `now` (a scan of the snapshot: called on
+    /// an ejection and on the discovery tick, never per request).
+    pub(crate) fn publish_ejected(&self, now: Instant) {
+        self.metrics
+            .ejected
+            .set(self.balancer.ejected_at(now) as f64);
     }
 
     /// Notes that a pick found endpoints.
@@ -470,6 +480,8 @@ async fn discover(
                     if let Some(age) = shared.snapshot_age(now) {
                         shared.metrics.snapshot_age.set(age.as_secs_f64());
                     }
+                    // Ejections end silently when their deadline passes.
+                    shared.publish_ejected(now);
                     if let Some(idle) = idle_timeout
                         && shared.idle_for(now) >= idle
                     {

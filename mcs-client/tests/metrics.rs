@@ -159,3 +159,67 @@ fn picks_outcomes_endpoints_and_errors_are_counted() {
         "the set was confirmed just now: {age}"
     );
 }
+
+#[test]
+fn ejections_are_counted_as_they_happen() {
+    let recorder = TestRecorder::default();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let east_addr = SocketAddr::from(([127, 10, 0, 1], 9443));
+    let served_by_west = metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let east = Endpoint::ready(east_addr, cluster("east"));
+            let west = Endpoint::ready(SocketAddr::from(([127, 20, 0, 1], 9443)), cluster("west"));
+            let resolver = StaticResolver::new();
+            resolver.set(&target(9443), [east, west]);
+            // East (the local cluster) answers 503, west 200.
+            let inner = tower::service_fn(move |req: Request<String>| async move {
+                let east = req.uri().authority().map(|a| a.as_str()) == Some("127.10.0.1:9443");
+                Ok::<_, std::convert::Infallible>(
+                    Response::builder()
+                        .status(if east { 503 } else { 200 })
+                        .body(String::new())
+                        .unwrap(),
+                )
+            });
+            let svc = ServiceBuilder::new()
+                .layer(McsLayer::new(
+                    resolver.clone(),
+                    Locality::cluster(cluster("east")),
+                ))
+                .service(inner);
+            let mut statuses = Vec::new();
+            for _ in 0..10 {
+                let req = Request::get(format!("http://{HOST}:9443/accrue"))
+                    .body(String::new())
+                    .unwrap();
+                statuses.push(svc.clone().oneshot(req).await.unwrap().status().as_u16());
+            }
+            statuses
+        })
+    });
+    // Five consecutive failures eject the local endpoint; the rest spill to west.
+    assert_eq!(
+        served_by_west,
+        [503, 503, 503, 503, 503, 200, 200, 200, 200, 200]
+    );
+    let labels = "port=9443,service=loyalty/loyalty-accrual";
+    assert_eq!(
+        recorder.counter(&format!(
+            "mcs_client_ejections_total{{cluster=east,{labels}}}"
+        )),
+        1
+    );
+    assert_eq!(
+        recorder.counter(&format!(
+            "mcs_client_ejections_total{{cluster=west,{labels}}}"
+        )),
+        0
+    );
+    assert_eq!(
+        recorder.gauge(&format!("mcs_client_ejected_endpoints{{{labels}}}")),
+        1.0
+    );
+}

@@ -41,12 +41,15 @@ fn fail(b: &Balancer, i: u16, times: u32, now: Instant) {
 }
 
 fn ejected_at(b: &Balancer, now: Instant) -> usize {
-    b.snapshot()
+    let counted = b
+        .snapshot()
         .tiers()
         .iter()
         .flatten()
         .filter(|s| s.is_ejected(now))
-        .count()
+        .count();
+    assert_eq!(b.ejected_at(now), counted);
+    counted
 }
 
 #[test]
@@ -78,8 +81,15 @@ fn five_consecutive_failures_eject_and_success_resets() {
     assert_eq!(state.consecutive_failures(), 0);
     fail(&b, 1, 4, t0);
     assert!(!state.is_ejected(t0));
-    fail(&b, 1, 1, t0);
+    assert!(
+        state.report(Outcome::Failure, Duration::from_millis(1), t0),
+        "the fifth failure reports the ejection"
+    );
     assert!(state.is_ejected(t0));
+    assert!(
+        !state.report(Outcome::Failure, Duration::from_millis(1), t0),
+        "failures while ejected eject nothing"
+    );
     assert_eq!(state.ejected_until(), Some(t0 + Duration::from_secs(30)));
     assert_eq!(state.ejections(), 1);
     assert_eq!(b.ejected(), 1);

@@ -104,11 +104,13 @@ impl Picked {
         &self.state
     }
 
-    /// Records the request's outcome and latency. Cost: a handful of atomics and one
-    /// `exp` (the peak-EWMA decay); no lock, allocation or clock read.
-    pub fn complete(self, outcome: Outcome, latency: Duration, now: Instant) {
+    /// Records the request's outcome and latency, and returns whether this outcome
+    /// ejected the endpoint (so a caller can count ejections as they happen). Cost: a
+    /// handful of atomics and one `exp` (the peak-EWMA decay); no lock, allocation or
+    /// clock read.
+    pub fn complete(self, outcome: Outcome, latency: Duration, now: Instant) -> bool {
         let now = self.state.shared().nanos(now);
-        self.state.record(outcome == Outcome::Success, latency, now);
+        self.state.record(outcome == Outcome::Success, latency, now)
         // Dropping `self` decrements the in-flight count.
     }
 }
@@ -302,6 +304,18 @@ impl Balancer {
     /// [`Balancer::ejection_cap`].
     pub fn ejected(&self) -> usize {
         self.shared.ejected()
+    }
+
+    /// Endpoints of the current snapshot that are ejected at `now` (expired ejections do
+    /// not count). A scan of the snapshot: for metrics and diagnostics, not the pick path.
+    pub fn ejected_at(&self, now: Instant) -> usize {
+        let snapshot = self.snapshot();
+        snapshot
+            .tiers()
+            .iter()
+            .flatten()
+            .filter(|state| state.is_ejected(now))
+            .count()
     }
 
     /// The most endpoints that may be ejected at once for the current set.

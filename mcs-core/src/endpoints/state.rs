@@ -89,8 +89,9 @@ impl EndpointState {
     /// Feeds back an outcome observed outside a pick, for example a failed connection
     /// attempt of a pool or an active health check. Same effect as
     /// [`Picked::complete`](super::Picked::complete) without the in-flight accounting.
-    pub fn report(&self, outcome: Outcome, latency: Duration, now: Instant) {
-        self.record(outcome == Outcome::Success, latency, self.shared.nanos(now));
+    /// Returns whether this outcome ejected the endpoint.
+    pub fn report(&self, outcome: Outcome, latency: Duration, now: Instant) -> bool {
+        self.record(outcome == Outcome::Success, latency, self.shared.nanos(now))
     }
 
     pub(crate) fn new(endpoint: Endpoint, shared: Arc<Shared>) -> Self {
@@ -210,26 +211,28 @@ impl EndpointState {
 
     /// Feeds one completed request back: latency into the estimate, the outcome into
     /// outlier detection. Cost: a few atomics and one `exp`; an ejection adds a CAS on the
-    /// shared counter.
-    pub(crate) fn record(&self, success: bool, latency: Duration, now: u64) {
+    /// shared counter. Returns whether this outcome ejected the endpoint.
+    pub(crate) fn record(&self, success: bool, latency: Duration, now: u64) -> bool {
         self.observe_rtt(latency, now);
         if success {
             if self.consecutive_failures.load(Ordering::Relaxed) != 0 {
                 self.consecutive_failures.store(0, Ordering::Relaxed);
             }
-            return;
+            return false;
         }
         let threshold = self.shared.failure_threshold;
         let until = self.ejected_until.load(Ordering::Acquire);
         if threshold == 0 || until > now {
             // Disabled, ejected or retired: failures of requests sent before the ejection
             // do not count against the endpoint's next time in service.
-            return;
+            return false;
         }
         let failures = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
         if failures >= threshold && self.eject(until, now) {
             self.consecutive_failures.store(0, Ordering::Relaxed);
+            return true;
         }
+        false
     }
 
     /// Peak-EWMA update: a slower sample replaces the estimate at once; otherwise it
