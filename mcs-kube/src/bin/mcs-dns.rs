@@ -24,6 +24,10 @@ struct Args {
     /// TTL of every record, in seconds.
     #[arg(long, env = "MCS_DNS_TTL", default_value_t = 5)]
     ttl: u32,
+    /// The largest UDP response in bytes (at least 512); larger answers are truncated with
+    /// the TC bit so clients retry over TCP.
+    #[arg(long, env = "MCS_DNS_MAX_UDP_PAYLOAD", default_value_t = mcs_kube::dns::DEFAULT_MAX_UDP_PAYLOAD)]
+    max_udp_payload: u16,
     /// Address for DNS over UDP and TCP.
     #[arg(long, env = "MCS_DNS_LISTEN", default_value = "0.0.0.0:5353")]
     listen: SocketAddr,
@@ -50,6 +54,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         DnsConfig::default()
             .zone(zone)
             .ttl(args.ttl)
+            .max_udp_payload(args.max_udp_payload)
             .listen(args.listen),
     )
     .await?;

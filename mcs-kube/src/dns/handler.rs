@@ -58,6 +58,8 @@ pub(super) struct Handler {
     data: Arc<RwLock<ZoneData>>,
     synced: Arc<AtomicBool>,
     metrics: DnsMetrics,
+    /// The largest UDP response we send; EDNS offers it, and hickory truncates to it.
+    max_udp_payload: u16,
 }
 
 impl Handler {
@@ -65,17 +67,16 @@ impl Handler {
         data: Arc<RwLock<ZoneData>>,
         synced: Arc<AtomicBool>,
         metrics: DnsMetrics,
+        max_udp_payload: u16,
     ) -> Self {
         Self {
             data,
             synced,
             metrics,
+            max_udp_payload,
         }
     }
 }
-
-/// The largest UDP payload we offer through EDNS (the DNS flag day 2020 value).
-const MAX_UDP_PAYLOAD: u16 = 1232;
 
 #[async_trait::async_trait]
 impl RequestHandler for Handler {
@@ -86,7 +87,7 @@ impl RequestHandler for Handler {
     ) -> ResponseInfo {
         let resp_edns = request.edns.as_ref().map(|req| {
             let mut e = Edns::new();
-            e.set_max_payload(req.max_payload().clamp(512, MAX_UDP_PAYLOAD));
+            e.set_max_payload(req.max_payload().clamp(512, self.max_udp_payload));
             e.set_version(0);
             e
         });

@@ -36,6 +36,9 @@ use tokio::net::{TcpListener, UdpSocket};
 pub use handler::DnsMetrics;
 use handler::Handler;
 
+/// The default largest UDP response (the DNS flag day 2020 value).
+pub const DEFAULT_MAX_UDP_PAYLOAD: u16 = 1232;
+
 /// DNS server settings.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
@@ -48,6 +51,10 @@ pub struct DnsConfig {
     pub listen: SocketAddr,
     /// How long a TCP connection may stay idle (default 5 s).
     pub tcp_timeout: Duration,
+    /// The largest UDP response, bytes (default 1232, the DNS flag day 2020 value; at
+    /// least 512). A client's smaller EDNS buffer (or 512 without EDNS) lowers it per
+    /// query; an answer that does not fit is truncated and carries the TC bit.
+    pub max_udp_payload: u16,
 }
 
 impl Default for DnsConfig {
@@ -57,6 +64,7 @@ impl Default for DnsConfig {
             ttl: DEFAULT_TTL,
             listen: SocketAddr::from(([127, 0, 0, 1], 5353)),
             tcp_timeout: Duration::from_secs(5),
+            max_udp_payload: DEFAULT_MAX_UDP_PAYLOAD,
         }
     }
 }
@@ -73,6 +81,13 @@ impl DnsConfig {
     #[must_use]
     pub fn ttl(mut self, ttl: u32) -> Self {
         self.ttl = ttl;
+        self
+    }
+
+    /// Sets the largest UDP response (values below 512 count as 512).
+    #[must_use]
+    pub fn max_udp_payload(mut self, bytes: u16) -> Self {
+        self.max_udp_payload = bytes.max(512);
         self
     }
 
@@ -167,6 +182,17 @@ impl DnsServer {
         Arc::clone(&self.synced)
     }
 
+    /// A handle on the data the server answers from. [`DnsServer::run`] fills it from the
+    /// cluster's watches; a process that gets its ServiceImports and EndpointSlices some
+    /// other way (a test, an example, a different control plane) fills it through the
+    /// handle and calls [`DnsServer::serve`].
+    pub fn zone(&self) -> ZoneHandle {
+        ZoneHandle {
+            data: Arc::clone(&self.data),
+            synced: Arc::clone(&self.synced),
+        }
+    }
+
     /// Watches the cluster behind `client` and answers queries until `shutdown` completes.
     pub async fn run(
         self,
@@ -178,10 +204,19 @@ impl DnsServer {
             Arc::clone(&self.data),
             Arc::clone(&self.synced),
         ));
+        let result = self.serve(shutdown).await;
+        watch.abort();
+        result
+    }
+
+    /// Answers queries from the data behind [`DnsServer::zone`] until `shutdown` completes,
+    /// without watching a cluster. Queries get SERVFAIL until the handle is marked synced.
+    pub async fn serve(self, shutdown: impl Future<Output = ()>) -> Result<(), DnsError> {
         let handler = Handler::new(
             Arc::clone(&self.data),
             Arc::clone(&self.synced),
             self.metrics.clone(),
+            self.config.max_udp_payload.max(512),
         );
         let mut server = Server::new(handler);
         server.register_socket(self.udp);
@@ -193,8 +228,44 @@ impl DnsServer {
                 server.shutdown_gracefully().await.map_err(|e| DnsError::Serve(e.to_string()))
             }
         };
-        watch.abort();
         self.synced.store(false, Ordering::Relaxed);
         result
+    }
+}
+
+/// Write access to a [`DnsServer`]'s answer data. Cheap to clone.
+///
+/// ```no_run
+/// # async fn f(import: mcs_core::api::v1beta1::ServiceImport) -> Result<(), Box<dyn std::error::Error>> {
+/// use mcs_kube::dns::{DnsConfig, DnsServer};
+///
+/// let server = DnsServer::bind(DnsConfig::default()).await?;
+/// let zone = server.zone();
+/// zone.update(|data| {
+///     data.set_namespace("loyalty", true);
+///     data.upsert_import(&import)
+/// })?;
+/// zone.mark_synced();
+/// server.serve(std::future::pending()).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct ZoneHandle {
+    data: Arc<RwLock<ZoneData>>,
+    synced: Arc<AtomicBool>,
+}
+
+impl ZoneHandle {
+    /// Changes the data under the write lock; queries see all of `f`'s changes at once.
+    pub fn update<R>(&self, f: impl FnOnce(&mut ZoneData) -> R) -> R {
+        // After a panicking writer the lock stays poisoned and queries get SERVFAIL (see
+        // the handler); updates still go through.
+        let mut data = self.data.write().unwrap_or_else(|e| e.into_inner());
+        f(&mut data)
+    }
+
+    /// Marks the data complete: queries are answered from now on instead of SERVFAIL.
+    pub fn mark_synced(&self) {
+        self.synced.store(true, Ordering::Release);
     }
 }
