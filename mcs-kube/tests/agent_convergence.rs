@@ -238,7 +238,7 @@ async fn a_peer_whose_read_access_is_revoked_is_dropped_and_recovers() {
         .create(&PostParams::default(), &binding)
         .await
         .unwrap();
-    let token = support_token(&west, "default", "mcs-peer").await;
+    let token = support::service_account_token(&west, "default", "mcs-peer").await;
     let mut config = kube::Config::from_custom_kubeconfig(
         set.clusters[1].kubeconfig().clone(),
         &kube::config::KubeConfigOptions::default(),
@@ -326,34 +326,6 @@ fn first_doc<T: serde::de::DeserializeOwned>(yaml: &str) -> T {
 fn second_doc<T: serde::de::DeserializeOwned>(yaml: &str) -> T {
     let doc = yaml.split("\n---\n").nth(1).unwrap();
     serde_yaml::from_str(doc).unwrap()
-}
-
-/// A token for ServiceAccount `ns/name` through the TokenRequest API (created if missing).
-async fn support_token(client: &kube::Client, ns: &str, name: &str) -> String {
-    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-    use k8s_openapi::api::core::v1::ServiceAccount;
-    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
-    let sa = ServiceAccount {
-        metadata: kube::api::ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let _ = sas.create(&PostParams::default(), &sa).await;
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: vec![],
-            expiration_seconds: Some(3600),
-            bound_object_ref: None,
-        },
-        ..Default::default()
-    };
-    let response: TokenRequest = sas
-        .create_subresource("token", name, &PostParams::default(), &request)
-        .await
-        .unwrap();
-    response.status.unwrap().token
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -27,7 +27,7 @@ use super::desired::{
 use super::index::{Key, Store, key_of, own_key};
 use super::reconcile::{self, Observed, ServiceInputs};
 use super::writer::Writer;
-use super::{AgentConfig, AgentError, AgentMetrics};
+use super::{AgentConfig, AgentError, AgentHealth, AgentMetrics};
 
 /// One member's watched state.
 struct MemberState {
@@ -43,6 +43,9 @@ struct MemberState {
     /// The member has been unreachable for longer than the grace period: its exports are
     /// left out of the merge until it answers again.
     removed: bool,
+    /// The last error of each failing watch (by kind), and whether it was a 403; cleared
+    /// by the next event of that kind.
+    watch_errors: BTreeMap<&'static str, (String, bool)>,
 }
 
 impl MemberState {
@@ -72,9 +75,32 @@ enum Fact {
     Namespace(Event<Namespace>),
     Import(Event<ServiceImport>),
     Imported(Event<EndpointSlice>),
-    Error(&'static str, String),
+    /// A watch failed: its kind, the error and whether the API server refused it (403).
+    Error(&'static str, String, bool),
     Probe(Result<(), String>),
 }
+
+impl Fact {
+    /// The kind of the watch an event came from (as passed to `spawn_watch`).
+    fn kind(&self) -> Option<&'static str> {
+        Some(match self {
+            Fact::Export(_) => KIND_EXPORT,
+            Fact::Service(_) => KIND_SERVICE,
+            Fact::Slice(_) => KIND_SLICE,
+            Fact::Namespace(_) => KIND_NAMESPACE,
+            Fact::Import(_) => KIND_IMPORT,
+            Fact::Imported(_) => KIND_IMPORTED,
+            Fact::Error(..) | Fact::Probe(_) => return None,
+        })
+    }
+}
+
+const KIND_EXPORT: &str = "ServiceExport";
+const KIND_SERVICE: &str = "Service";
+const KIND_SLICE: &str = "EndpointSlice";
+const KIND_NAMESPACE: &str = "Namespace";
+const KIND_IMPORT: &str = "ServiceImport";
+const KIND_IMPORTED: &str = "imported EndpointSlice";
 
 struct Msg {
     member: usize,
@@ -85,6 +111,7 @@ struct Msg {
 pub(super) async fn run(
     config: AgentConfig,
     ready: Arc<AtomicBool>,
+    health: AgentHealth,
     metrics: AgentMetrics,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), AgentError> {
@@ -108,7 +135,7 @@ pub(super) async fn run(
             &mut tasks,
             &tx,
             i,
-            "Service",
+            KIND_SERVICE,
             Api::<Service>::all(client.clone()),
             watcher::Config::default(),
             Fact::Service,
@@ -120,7 +147,7 @@ pub(super) async fn run(
             &mut tasks,
             &tx,
             i,
-            "EndpointSlice",
+            KIND_SLICE,
             Api::<EndpointSlice>::all(client.clone()),
             source,
             Fact::Slice,
@@ -130,7 +157,7 @@ pub(super) async fn run(
                 &mut tasks,
                 &tx,
                 i,
-                "Namespace",
+                KIND_NAMESPACE,
                 Api::<Namespace>::all(client.clone()),
                 watcher::Config::default(),
                 Fact::Namespace,
@@ -142,7 +169,7 @@ pub(super) async fn run(
                 &mut tasks,
                 &tx,
                 i,
-                "ServiceImport",
+                KIND_IMPORT,
                 Api::<kube::api::DynamicObject>::all_with(client.clone(), &resource),
                 watcher::Config::default(),
                 |e| Fact::Import(map_event(e, typed_import)),
@@ -153,7 +180,7 @@ pub(super) async fn run(
                 &mut tasks,
                 &tx,
                 i,
-                "imported EndpointSlice",
+                KIND_IMPORTED,
                 Api::<EndpointSlice>::all(client),
                 ours,
                 Fact::Imported,
@@ -173,6 +200,7 @@ pub(super) async fn run(
             watch_failing_since: None,
             probe_failing_since: None,
             removed: false,
+            watch_errors: BTreeMap::new(),
         })
         .collect();
     let mut local = LocalState {
@@ -187,6 +215,8 @@ pub(super) async fn run(
     );
     let mut dirty: BTreeSet<Key> = BTreeSet::new();
     let mut retry: BTreeMap<Key, (Instant, u32)> = BTreeMap::new();
+    // Writes the own cluster refused (403), by service: they make the agent not ready.
+    let mut forbidden: BTreeMap<Key, String> = BTreeMap::new();
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     let mut last_resync = Instant::now();
     let mut shutdown = std::pin::pin!(shutdown);
@@ -233,6 +263,8 @@ pub(super) async fn run(
             && local.imports.is_listed()
             && local.imported.is_listed();
         if !synced || dirty.is_empty() {
+            let reason = not_ready_reason(&members, local_index, &local, &forbidden, synced);
+            report_health(&config.local, &ready, &health, reason);
             continue;
         }
         let keys = std::mem::take(&mut dirty);
@@ -248,12 +280,21 @@ pub(super) async fn run(
             match writer.execute(&service, plan).await {
                 Ok(()) => {
                     retry.remove(&key);
+                    forbidden.remove(&key);
                 }
                 Err(e) => {
                     metrics.errors.inc();
                     let attempts = retry.get(&key).map_or(0, |(_, n)| *n) + 1;
                     let delay = Duration::from_millis(250 * 2u64.pow(attempts.min(7)));
-                    tracing::warn!(service = %service, error = %e, attempt = attempts, "reconcile failed; retrying in {delay:?}");
+                    if e.is_forbidden() {
+                        if !forbidden.contains_key(&key) {
+                            tracing::error!(service = %service, error = %e, "the agent's own cluster refused a write (403): its identity lacks a permission of deploy/rbac/agent-local.yaml; not ready, retrying in {delay:?}");
+                        }
+                        forbidden.insert(key.clone(), e.to_string());
+                    } else {
+                        forbidden.remove(&key);
+                        tracing::warn!(service = %service, error = %e, attempt = attempts, "reconcile failed; retrying in {delay:?}");
+                    }
                     retry.insert(key, (Instant::now() + delay, attempts));
                 }
             }
@@ -270,9 +311,8 @@ pub(super) async fn run(
             )
             .unwrap_or(0),
         );
-        if !ready.swap(true, Ordering::AcqRel) {
-            tracing::info!(cluster = %config.local, "agent synced and reconciled");
-        }
+        let reason = not_ready_reason(&members, local_index, &local, &forbidden, synced);
+        report_health(&config.local, &ready, &health, reason);
     }
     tasks.abort_all();
     Ok(())
@@ -322,10 +362,10 @@ fn spawn_export_watch(
         if alpha_only {
             tracing::info!(member, "member serves only multicluster.x-k8s.io/v1alpha1; reading ServiceExports at v1alpha1");
             let stream = watcher::watcher(Api::<v1alpha1::ServiceExport>::all(client), watcher::Config::default()).default_backoff();
-            forward(stream, tx, member, "ServiceExport", |e| Fact::Export(map_event(e, Into::into))).await;
+            forward(stream, tx, member, KIND_EXPORT, |e| Fact::Export(map_event(e, Into::into))).await;
         } else {
             let stream = watcher::watcher(Api::<ServiceExport>::all(client), watcher::Config::default()).default_backoff();
-            forward(stream, tx, member, "ServiceExport", Fact::Export).await;
+            forward(stream, tx, member, KIND_EXPORT, Fact::Export).await;
         }
     });
 }
@@ -418,7 +458,10 @@ async fn forward<K, F>(
     while let Some(event) = stream.next().await {
         let fact = match event {
             Ok(event) => wrap(event),
-            Err(e) => Fact::Error(kind, e.to_string()),
+            Err(e) => {
+                let (error, forbidden) = describe_watch_error(&e);
+                Fact::Error(kind, error, forbidden)
+            }
         };
         if tx.send(Msg { member, fact }).await.is_err() {
             return;
@@ -436,10 +479,20 @@ fn handle(
         return;
     };
     let was_failing = m.failing_since().is_some();
+    if let Some(kind) = msg.fact.kind() {
+        m.watch_errors.remove(kind);
+    }
     match &msg.fact {
-        Fact::Error(kind, error) => {
+        Fact::Error(kind, error, forbidden) => {
+            let known = m.watch_errors.contains_key(kind);
+            if *forbidden && !known {
+                tracing::error!(cluster = %m.id, kind, error, "watch forbidden (403): the identity used for this cluster lacks a permission (deploy/rbac/agent-local.yaml in the agent's own cluster, agent-peer-reader.yaml in a peer)");
+            }
+            m.watch_errors.insert(kind, (error.clone(), *forbidden));
             if m.watch_failing_since.is_none() {
-                tracing::warn!(cluster = %m.id, kind, error, "watch failing");
+                if !forbidden {
+                    tracing::warn!(cluster = %m.id, kind, error, "watch failing");
+                }
                 m.watch_failing_since = Some(Instant::now());
             }
             return;
@@ -456,6 +509,9 @@ fn handle(
     }
     if was_failing && m.failing_since().is_none() {
         tracing::info!(cluster = %m.id, "member reachable again");
+        // Imports reconciled during the outage say the member is unreachable (Ready
+        // message): reconcile its services again, or the note stays until the resync.
+        dirty.extend(m.exports.services().cloned());
     }
     if m.removed && m.failing_since().is_none() {
         m.removed = false;
@@ -486,6 +542,110 @@ fn handle(
         Fact::Error(..) | Fact::Probe(_) => BTreeSet::new(),
     };
     dirty.extend(touched);
+}
+
+/// A watch error in one line, and whether the API server refused the request (403).
+fn describe_watch_error(e: &watcher::Error) -> (String, bool) {
+    let (what, source) = match e {
+        watcher::Error::InitialListFailed(e) => ("list", e),
+        watcher::Error::WatchStartFailed(e) => ("watch", e),
+        watcher::Error::WatchFailed(e) => ("watch", e),
+        watcher::Error::WatchError(status) => {
+            return (
+                format!("watch: {} (HTTP {})", status.message, status.code),
+                status.is_forbidden(),
+            );
+        }
+        other => return (other.to_string(), false),
+    };
+    match source {
+        kube::Error::Api(status) => (
+            format!("{what}: {} (HTTP {})", status.message, status.code),
+            status.is_forbidden(),
+        ),
+        other => (format!("{what}: {other}"), false),
+    }
+}
+
+/// Why the agent is not ready: its own cluster refused a write or a watch (403), or a
+/// watch has not listed yet. A peer's failures do not count once synced: its endpoints
+/// are kept for the grace period, then removed (and said so on the imports).
+fn not_ready_reason(
+    members: &[MemberState],
+    local_index: usize,
+    local: &LocalState,
+    forbidden: &BTreeMap<Key, String>,
+    synced: bool,
+) -> Option<String> {
+    let mut reasons = Vec::new();
+    if let Some(((ns, name), error)) = forbidden.iter().next() {
+        let more = match forbidden.len() - 1 {
+            0 => String::new(),
+            n => format!(" (and {n} more service(s))"),
+        };
+        reasons.push(format!(
+            "its own cluster refuses a write for {ns}/{name}{more}: {error}"
+        ));
+    }
+    let own = &members[local_index];
+    for (kind, (error, _)) in own.watch_errors.iter().filter(|(_, (_, f))| *f) {
+        reasons.push(format!(
+            "its own cluster {} refuses to let it read {kind}: {error}",
+            own.id
+        ));
+    }
+    if !synced {
+        let mut waiting = Vec::new();
+        for (i, m) in members.iter().enumerate().filter(|(_, m)| !m.removed) {
+            let mut kinds = vec![
+                (KIND_EXPORT, m.exports.is_listed()),
+                (KIND_SERVICE, m.services.is_listed()),
+                (KIND_SLICE, m.slices.is_listed()),
+            ];
+            if i == local_index {
+                kinds.extend([
+                    (KIND_NAMESPACE, local.namespaces.is_listed()),
+                    (KIND_IMPORT, local.imports.is_listed()),
+                    (KIND_IMPORTED, local.imported.is_listed()),
+                ]);
+            }
+            for (kind, _) in kinds.into_iter().filter(|(_, listed)| !listed) {
+                match m.watch_errors.get(kind) {
+                    // Already said above.
+                    Some((_, true)) if i == local_index => {
+                        waiting.push(format!("{kind} in {}", m.id))
+                    }
+                    Some((error, _)) => waiting.push(format!("{kind} in {} ({error})", m.id)),
+                    None => waiting.push(format!("{kind} in {}", m.id)),
+                }
+            }
+        }
+        reasons.push(format!(
+            "not synced: waiting for the first list of {}",
+            waiting.join(", ")
+        ));
+    }
+    (!reasons.is_empty()).then(|| reasons.join("; "))
+}
+
+/// Publishes readiness and its reason; logs when either changes.
+fn report_health(
+    cluster: &ClusterId,
+    ready: &AtomicBool,
+    health: &AgentHealth,
+    reason: Option<String>,
+) {
+    let now_ready = reason.is_none();
+    let was_ready = ready.swap(now_ready, Ordering::AcqRel);
+    let changed = health.set(reason.clone());
+    match reason {
+        None if !was_ready => {
+            tracing::info!(cluster = %cluster, "agent synced and reconciled: ready")
+        }
+        Some(reason) if was_ready => tracing::error!(cluster = %cluster, reason, "agent not ready"),
+        Some(reason) if changed => tracing::debug!(cluster = %cluster, reason, "agent not ready"),
+        _ => {}
+    }
 }
 
 fn all_services(m: &MemberState) -> BTreeSet<Key> {

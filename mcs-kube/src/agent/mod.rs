@@ -31,8 +31,8 @@ pub mod reconcile;
 mod writer;
 
 use std::future::Future;
-use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mcs_core::ClusterId;
@@ -176,6 +176,35 @@ impl AgentMetrics {
     pub fn reconciles(&self) -> u64 {
         self.reconciles.get()
     }
+
+    /// Reconciles that failed so far (each is retried).
+    pub fn reconcile_errors(&self) -> u64 {
+        self.errors.get()
+    }
+}
+
+/// Why the agent is not ready, for readiness endpoints, logs and tests.
+///
+/// The agent is not ready until every watch has listed, and while its own cluster refuses
+/// it something (HTTP 403): a write it must make or a watch it needs. The reason then
+/// quotes the API server, which names the user, the verb and the resource, e.g.
+/// `cannot patch resource "serviceexports/status"`.
+#[derive(Clone, Debug, Default)]
+pub struct AgentHealth(Arc<Mutex<Option<String>>>);
+
+impl AgentHealth {
+    /// `None` when the agent is ready; otherwise why it is not.
+    pub fn not_ready_reason(&self) -> Option<String> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Sets the reason; returns whether it changed.
+    fn set(&self, reason: Option<String>) -> bool {
+        let mut current = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let changed = *current != reason;
+        *current = reason;
+        changed
+    }
 }
 
 /// The agent of one member cluster.
@@ -183,6 +212,7 @@ impl AgentMetrics {
 pub struct Agent {
     config: AgentConfig,
     ready: Arc<AtomicBool>,
+    health: AgentHealth,
     metrics: AgentMetrics,
 }
 
@@ -192,13 +222,20 @@ impl Agent {
         Self {
             config,
             ready: Arc::new(AtomicBool::new(false)),
+            health: AgentHealth::default(),
             metrics: AgentMetrics::default(),
         }
     }
 
-    /// Turns true once every watch has listed and the first reconcile ran.
+    /// True once every watch has listed and the first reconcile ran, and while the agent's
+    /// own cluster grants it what it needs ([`Agent::health`] says why not).
     pub fn ready(&self) -> Arc<AtomicBool> {
         Arc::clone(&self.ready)
+    }
+
+    /// Why the agent is not ready, if it is not.
+    pub fn health(&self) -> AgentHealth {
+        self.health.clone()
     }
 
     /// The agent's metrics.
@@ -208,6 +245,6 @@ impl Agent {
 
     /// Runs until `shutdown` completes.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
-        controller::run(self.config, self.ready, self.metrics, shutdown).await
+        controller::run(self.config, self.ready, self.health, self.metrics, shutdown).await
     }
 }

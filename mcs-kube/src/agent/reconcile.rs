@@ -443,15 +443,21 @@ pub(super) fn derived_ips(service: &Service) -> (Vec<String>, Vec<IpFamily>) {
 }
 
 fn import_matches(have: &ServiceImport, want: &ServiceImport) -> bool {
-    let contains = |have: &Option<BTreeMap<String, String>>,
-                    want: &Option<BTreeMap<String, String>>| {
-        want.iter()
-            .flatten()
-            .all(|(k, v)| have.as_ref().and_then(|h| h.get(k)) == Some(v))
-    };
     have.spec == want.spec
-        && contains(&have.metadata.labels, &want.metadata.labels)
-        && contains(&have.metadata.annotations, &want.metadata.annotations)
+        && same_map(&have.metadata.labels, &want.metadata.labels)
+        && same_map(&have.metadata.annotations, &want.metadata.annotations)
+}
+
+/// Labels or annotations equal, absent and empty alike. Exact, not "contains": a key the
+/// agent applied earlier and no longer wants (an exported label dropped by the winning
+/// export, the derived-Service annotation of an import turned Headless) must trigger an
+/// apply, which removes it. Keys another manager added only cost a no-op apply.
+fn same_map(
+    have: &Option<BTreeMap<String, String>>,
+    want: &Option<BTreeMap<String, String>>,
+) -> bool {
+    let empty = BTreeMap::new();
+    have.as_ref().unwrap_or(&empty) == want.as_ref().unwrap_or(&empty)
 }
 
 fn derived_matches(have: &Service, ports: &[ServicePort]) -> bool {
@@ -469,13 +475,9 @@ fn derived_matches(have: &Service, ports: &[ServicePort]) -> bool {
 }
 
 fn slice_matches(have: &EndpointSlice, want: &EndpointSlice) -> bool {
-    let labels_ok = want
-        .metadata
-        .labels
-        .iter()
-        .flatten()
-        .all(|(k, v)| have.metadata.labels.as_ref().and_then(|l| l.get(k)) == Some(v));
-    labels_ok
+    // Exact labels: the derived Service's `kubernetes.io/service-name` must go when the
+    // import turns Headless.
+    same_map(&have.metadata.labels, &want.metadata.labels)
         && have.address_type == want.address_type
         && have.ports == want.ports
         && endpoints_match(have, want)

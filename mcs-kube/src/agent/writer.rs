@@ -15,12 +15,20 @@ use super::reconcile::{self, Plan};
 
 /// A failed write.
 #[derive(Debug, thiserror::Error)]
-#[error("{action} {object}: {source}")]
+#[error("{action} {object}: {}", describe(.source))]
 pub struct WriteError {
     action: &'static str,
     object: String,
     #[source]
     source: kube::Error,
+}
+
+impl WriteError {
+    /// Whether the API server refused the write for lack of permission (HTTP 403): a
+    /// missing RBAC rule, which retrying does not fix.
+    pub fn is_forbidden(&self) -> bool {
+        forbidden(&self.source)
+    }
 }
 
 pub(super) struct Writer {
@@ -70,8 +78,13 @@ impl Writer {
                 action: "Reconcile".into(),
                 secondary: None,
             };
-            if let Err(e) = self.recorder.publish(&event, &reference).await {
-                tracing::debug!(service = %service, error = %e, "cannot record event");
+            match self.recorder.publish(&event, &reference).await {
+                Ok(()) => {}
+                // Events are optional, but a missing permission should be seen.
+                Err(e) if forbidden(&e) => {
+                    tracing::warn!(service = %service, error = %e, "not allowed to record events");
+                }
+                Err(e) => tracing::debug!(service = %service, error = %e, "cannot record event"),
             }
         }
 
@@ -211,6 +224,19 @@ where
         Err(e) if not_found(&e) => Ok(()),
         Err(e) => Err(e),
     }
+}
+
+/// An API error as the server's message and code (its `Display` also dumps the status).
+fn describe(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(status) => format!("{} (HTTP {})", status.message, status.code),
+        other => other.to_string(),
+    }
+}
+
+/// Whether the API server refused a request for lack of permission (HTTP 403).
+pub(super) fn forbidden(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(status) if status.is_forbidden())
 }
 
 fn not_found(e: &kube::Error) -> bool {

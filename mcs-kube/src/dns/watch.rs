@@ -9,6 +9,7 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::Api;
+use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use mcs_core::api::{LABEL_SERVICE_NAME, v1beta1::ServiceImport};
 use mcs_core::dns::ZoneData;
@@ -82,7 +83,8 @@ pub(super) async fn run(
             watcher::watcher(
                 Api::<Namespace>::all(client.clone()),
                 watcher::Config::default()
-            ),
+            )
+            .default_backoff(),
             &data,
             &synced,
             &pending
@@ -91,13 +93,14 @@ pub(super) async fn run(
             watcher::watcher(
                 Api::<ServiceImport>::all(client.clone()),
                 watcher::Config::default()
-            ),
+            )
+            .default_backoff(),
             &data,
             &synced,
             &pending
         ),
         drive(
-            watcher::watcher(Api::<EndpointSlice>::all(client), slices),
+            watcher::watcher(Api::<EndpointSlice>::all(client), slices).default_backoff(),
             &data,
             &synced,
             &pending
@@ -119,7 +122,9 @@ async fn drive<K: Kind>(
         let event = match event {
             Ok(event) => event,
             Err(e) => {
-                // The watcher retries by itself; the zone keeps its last good data.
+                // The watcher retries by itself, with backoff (without it, a refused list
+                // is retried at once, hundreds of times a second); the zone keeps its last
+                // good data.
                 tracing::warn!(kind = K::NAME, error = %e, "watch error");
                 continue;
             }

@@ -208,6 +208,9 @@ pub struct TestCluster {
     server_url: String,
     startup: Duration,
     _permit: Option<OwnedSemaphorePermit>,
+    /// Appended to the API server's command line (see
+    /// [`TestCluster::restart_apiserver_with_args`]).
+    extra_apiserver_args: Vec<String>,
 }
 
 impl std::fmt::Debug for TestCluster {
@@ -251,12 +254,90 @@ impl TestCluster {
         self.startup
     }
 
+    /// `http://127.0.0.1:<port>` of etcd's client endpoint (its v3 JSON gateway answers
+    /// `POST /v3/kv/range`, `/v3/kv/compaction`, ...).
+    pub fn etcd_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.etcd_client_port)
+    }
+
+    /// Kill the API server and start it again (same port, same etcd data) with `args`
+    /// appended to its command line, for this and every later [`TestCluster::start`];
+    /// for example `--watch-cache=false`, so watches are served by etcd and a compaction
+    /// expires their history. Waits until it is ready.
+    pub async fn restart_apiserver_with_args(&mut self, args: &[&str]) {
+        self.stop();
+        self.extra_apiserver_args = args.iter().map(|a| (*a).to_owned()).collect();
+        self.start().await;
+    }
+
     /// A fresh client for this cluster (default namespace `default`).
     pub async fn client(&self) -> Client {
         let config =
             Config::from_custom_kubeconfig(self.kubeconfig.clone(), &KubeConfigOptions::default())
                 .await
                 .unwrap_or_else(|e| panic!("cluster {}: bad kubeconfig: {e}", self.name));
+        Client::try_from(config)
+            .unwrap_or_else(|e| panic!("cluster {}: cannot build client: {e}", self.name))
+    }
+
+    /// A client authenticated as user `user` in `groups` (a client certificate from the
+    /// cluster's CA), with no other rights than RBAC grants that user or those groups.
+    pub async fn client_as_user(&self, user: &str, groups: &[&str]) -> Client {
+        let read = |f: &str| {
+            fs::read_to_string(self.path.join(f))
+                .unwrap_or_else(|e| panic!("cluster {}: read {f}: {e}", self.name))
+        };
+        // The CA's parameters as `Pki::generate` made them; its key from `ca.key`.
+        let ca_key = KeyPair::from_pem(&read("ca.key")).expect("parse CA key");
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.distinguished_name
+            .push(DnType::CommonName, format!("mcs-test-{}-ca", self.name));
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let issuer = Issuer::new(ca, ca_key);
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        for g in groups {
+            params.distinguished_name.push(DnType::OrganizationName, *g);
+        }
+        params.distinguished_name.push(DnType::CommonName, user);
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = params.signed_by(&key, &issuer).unwrap().pem();
+        let mut config =
+            Config::from_custom_kubeconfig(self.kubeconfig.clone(), &KubeConfigOptions::default())
+                .await
+                .unwrap_or_else(|e| panic!("cluster {}: bad kubeconfig: {e}", self.name));
+        config.auth_info = kube::config::AuthInfo {
+            client_certificate_data: Some(base64::engine::general_purpose::STANDARD.encode(cert)),
+            client_key_data: Some(
+                base64::engine::general_purpose::STANDARD
+                    .encode(key.serialize_pem())
+                    .into(),
+            ),
+            ..Default::default()
+        };
+        Client::try_from(config)
+            .unwrap_or_else(|e| panic!("cluster {}: cannot build client: {e}", self.name))
+    }
+
+    /// A client authenticated with a bearer `token` (e.g. from [`service_account_token`]).
+    pub async fn client_with_token(&self, token: &str) -> Client {
+        let mut config =
+            Config::from_custom_kubeconfig(self.kubeconfig.clone(), &KubeConfigOptions::default())
+                .await
+                .unwrap_or_else(|e| panic!("cluster {}: bad kubeconfig: {e}", self.name));
+        config.auth_info = kube::config::AuthInfo {
+            token: Some(token.to_owned().into()),
+            ..Default::default()
+        };
         Client::try_from(config)
             .unwrap_or_else(|e| panic!("cluster {}: cannot build client: {e}", self.name))
     }
@@ -344,6 +425,7 @@ impl TestCluster {
             server_url: String::new(),
             startup: Duration::ZERO,
             _permit: permit,
+            extra_apiserver_args: Vec::new(),
         };
         let mut attempt = 0;
         loop {
@@ -404,7 +486,7 @@ impl TestCluster {
     fn spawn_apiserver(&mut self) {
         let p = &self.path;
         let f = |n: &str| p.join(n).display().to_string();
-        let args = vec![
+        let mut args = vec![
             format!("--etcd-servers=http://127.0.0.1:{}", self.etcd_client_port),
             "--bind-address=127.0.0.1".into(),
             format!("--secure-port={}", self.apiserver_port),
@@ -423,6 +505,7 @@ impl TestCluster {
             "--endpoint-reconciler-type=none".into(),
             "--profiling=false".into(),
         ];
+        args.extend(self.extra_apiserver_args.iter().cloned());
         self.apiserver = Some(self.spawn("kube-apiserver", &args));
     }
 
@@ -721,6 +804,8 @@ pub fn load_crds() -> Vec<CustomResourceDefinition> {
 /// cert (`O=system:masters`) and the service-account signing key.
 struct Pki {
     ca_pem: String,
+    /// The CA's key, so tests can issue client certificates ([`TestCluster::client_as_user`]).
+    ca_key: String,
     server_pem: String,
     server_key: String,
     admin_pem: String,
@@ -742,6 +827,7 @@ impl Pki {
             KeyUsagePurpose::DigitalSignature,
         ];
         let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
+        let ca_key_pem = ca_key.serialize_pem();
         let issuer = Issuer::new(ca, ca_key);
 
         let server_key = KeyPair::generate().unwrap();
@@ -782,6 +868,7 @@ impl Pki {
         let sa = KeyPair::generate().unwrap();
         Pki {
             ca_pem,
+            ca_key: ca_key_pem,
             server_pem,
             server_key: server_key.serialize_pem(),
             admin_pem,
@@ -794,6 +881,7 @@ impl Pki {
     fn write(&self, dir: &Path) {
         for (file, data) in [
             ("ca.crt", &self.ca_pem),
+            ("ca.key", &self.ca_key),
             ("apiserver.crt", &self.server_pem),
             ("apiserver.key", &self.server_key),
             ("admin.crt", &self.admin_pem),
@@ -1013,4 +1101,37 @@ pub async fn delete_namespace(client: &Client, ns: &str, timeout: Duration) {
         async move { namespaces.get_opt(ns).await.ok()?.is_none().then_some(()) }
     })
     .await;
+}
+
+/// A token for ServiceAccount `ns/name` through the TokenRequest API (the ServiceAccount is
+/// created if missing; valid for an hour). Use it with [`TestCluster::client_with_token`].
+pub async fn service_account_token(client: &Client, ns: &str, name: &str) -> String {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
+    let sa = ServiceAccount {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    match sas.create(&PostParams::default(), &sa).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("creating ServiceAccount {ns}/{name}: {e}"),
+    }
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec![],
+            expiration_seconds: Some(3600),
+            bound_object_ref: None,
+        },
+        ..Default::default()
+    };
+    let response: TokenRequest = sas
+        .create_subresource("token", name, &PostParams::default(), &request)
+        .await
+        .unwrap_or_else(|e| panic!("requesting a token for ServiceAccount {ns}/{name}: {e}"));
+    response.status.expect("TokenRequest without status").token
 }
