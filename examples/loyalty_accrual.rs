@@ -2,9 +2,12 @@
 //!
 //! Two serving clusters, `east` and `west`, each run `loyalty-accrual` pods (hyper servers
 //! on their own loopback addresses, 127.10.0.x and 127.20.0.x, port 9443). Their exports
-//! are merged into one ServiceImport. Checkout clients call
+//! are merged into one (headless) ServiceImport. The `clusterset.local` DNS server of
+//! `mcs-kube` (the server `mcs-dns` runs) serves that import and the MCS EndpointSlices an
+//! agent would write, on loopback UDP and TCP. Checkout clients call
 //! `http://loyalty-accrual.loyalty.svc.clusterset.local:9443/accrue` through the
-//! `mcs-client` layer, in-process, with no sidecar:
+//! `mcs-client` layer, which finds the endpoints with its DNS resolver (SRV records whose
+//! targets carry each endpoint's cluster) and balances in-process, with no sidecar:
 //!
 //! 1. a checkout in a third cluster, `north`, spreads its requests over both clusters;
 //! 2. a checkout in `east` keeps every request local;
@@ -26,6 +29,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use hickory_resolver::Resolver;
+use hickory_resolver::config::{NameServerConfig, ResolverConfig};
+use hickory_resolver::net::runtime::TokioRuntimeProvider;
+use hickory_resolver::proto::rr::RData;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -33,11 +40,16 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use indicatif::{ProgressBar, ProgressStyle};
-use mcs::client::{CloneBody, Mcs, McsLayer, Retry, Served, StaticResolver};
+use k8s_openapi::api::discovery::v1::{
+    Endpoint as SliceEndpoint, EndpointConditions, EndpointPort, EndpointSlice,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use mcs::client::{CloneBody, DnsResolver, Mcs, McsLayer, Retry, Served};
 use mcs::core::ClusterId;
-use mcs::core::discovery::{Endpoint, Target};
+use mcs::core::api::{LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER};
 use mcs::core::endpoints::{BalancerConfig, Locality, OutlierConfig};
-use mcs::core::name::ServiceRef;
+use mcs::core::name::{PortName, ServiceRef};
+use mcs::kube::dns::{DnsConfig, DnsServer};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -75,7 +87,9 @@ async fn run(checks: &mut Checks) -> Result<(), Box<dyn std::error::Error>> {
     let service = ServiceRef::new("loyalty", "loyalty-accrual")?;
 
     // 1. The exports and the merged ServiceImport.
-    println!("-- 1. ServiceExports in east and west, merged into one ServiceImport --");
+    println!(
+        "-- 1. ServiceExports in east and west (headless Services), merged into one ServiceImport --"
+    );
     let east_export = imports::export(&east, "2026-05-01T09:00:00Z", &[("http", PORT)])?;
     let west_export = imports::export(&west, "2026-05-01T09:00:04Z", &[("http", PORT)])?;
     let merged = imports::merge(&service, &[east_export.clone(), west_export])?;
@@ -97,17 +111,38 @@ async fn run(checks: &mut Checks) -> Result<(), Box<dyn std::error::Error>> {
     for pod in east_pods.iter().chain(&west_pods) {
         println!("   {:<5} {}", pod.cluster, pod.addr);
     }
-    // Discovery: what an agent would publish. (The DNS resolver and the Kubernetes resolver
-    // plug in the same way; this example keeps to one process.)
-    let resolver = StaticResolver::new();
-    let target = Target {
-        service: service.clone(),
-        port: PORT,
-    };
-    resolver.set(
-        &target,
-        east_pods.iter().chain(&west_pods).map(Pod::endpoint),
+
+    // Discovery: the clusterset.local DNS server, answering from the import and the MCS
+    // EndpointSlices the agents would write into the checkout's cluster.
+    println!(
+        "\n-- DNS: the clusterset.local server on loopback, fed the import and the MCS EndpointSlices --"
     );
+    let dns =
+        DnsServer::bind(DnsConfig::default().listen(SocketAddr::from(([127, 0, 0, 1], 0)))).await?;
+    let (dns_addr, zone) = (dns.local_addr(), dns.zone());
+    let dns_task = tokio::spawn(dns.serve(std::future::pending()));
+    zone.update(|data| -> Result<(), Box<dyn std::error::Error>> {
+        data.set_namespace(service.namespace.as_str(), true);
+        data.upsert_import(&merged.import_object()?)?;
+        data.upsert_slice(&mcs_slice("east", ("http", PORT), &east_pods))?;
+        data.upsert_slice(&mcs_slice("west", ("http", PORT), &west_pods))?;
+        Ok(())
+    })?;
+    zone.mark_synced();
+    println!("   {dns_addr} (UDP and TCP), zone clusterset.local, TTL 5 s; SRV {HOST}:");
+    let srv = print_srv(dns_addr, &format!("{HOST}.")).await?;
+    checks.check(
+        "DNS answers one SRV record per endpoint, each target naming its cluster",
+        srv.len() == east_pods.len() + west_pods.len()
+            && srv.iter().filter(|t| t.contains(".east.")).count() == east_pods.len(),
+    );
+    // Port 9443 is found through the bare name's SRV records; the admin port (step 6) by
+    // its name, `_admin._tcp.<service>`.
+    let resolver = DnsResolver::builder()
+        .name_server(dns_addr)
+        .ttl_bounds(Duration::from_secs(1), Duration::from_secs(5))
+        .port_name(ADMIN_PORT, PortName::new("admin")?)
+        .build()?;
 
     let client: Client<HttpConnector, Full<Bytes>> =
         Client::builder(TokioExecutor::new()).build_http();
@@ -200,6 +235,12 @@ async fn run(checks: &mut Checks) -> Result<(), Box<dyn std::error::Error>> {
     let merged = imports::merge(&service, &[east_export, west_export])?;
     println!("{}", indent(&merged.yaml()?));
     merged.print_conditions();
+    // What the agents write: the new import, and west's slice for the admin port.
+    zone.update(|data| -> Result<(), Box<dyn std::error::Error>> {
+        data.upsert_import(&merged.import_object()?)?;
+        data.upsert_slice(&mcs_slice("west-admin", ("admin", ADMIN_PORT), &west_admin))?;
+        Ok(())
+    })?;
     checks.check(
         "PortConflict raised on both exports",
         merged.port_conflict_everywhere(),
@@ -216,14 +257,12 @@ async fn run(checks: &mut Checks) -> Result<(), Box<dyn std::error::Error>> {
         "the merge routes port 9444 to west only",
         admin_clusters == [west.clone()],
     );
-    let admin_pods = west_admin
-        .iter()
-        .filter(|p| admin_clusters.contains(&p.cluster));
-    let admin_target = Target {
-        service,
-        port: ADMIN_PORT,
-    };
-    resolver.set(&admin_target, admin_pods.map(Pod::endpoint));
+    println!("   SRV _admin._tcp.{HOST}:");
+    let admin_srv = print_srv(dns_addr, &format!("_admin._tcp.{HOST}.")).await?;
+    checks.check(
+        "DNS lists only west endpoints for the admin port",
+        admin_srv.len() == west_admin.len() && admin_srv.iter().all(|t| t.contains(".west.")),
+    );
     let east_checkout = checkout_in(&east);
     let tally = drive_port(east_checkout, ADMIN_PORT, 500, 8, "east").await;
     tally.print();
@@ -235,7 +274,78 @@ async fn run(checks: &mut Checks) -> Result<(), Box<dyn std::error::Error>> {
     for pod in west_pods.into_iter().chain(west_admin) {
         pod.stop().await;
     }
+    dns_task.abort();
     Ok(())
+}
+
+/// The MCS EndpointSlice the agents write for `cluster_pods` (one cluster's pods) serving
+/// `port`, named `<service>-<suffix>`.
+fn mcs_slice(suffix: &str, port: (&str, u16), cluster_pods: &[Pod]) -> EndpointSlice {
+    let cluster = cluster_pods
+        .first()
+        .map(|p| p.cluster.to_string())
+        .unwrap_or_default();
+    EndpointSlice {
+        address_type: "IPv4".into(),
+        metadata: ObjectMeta {
+            name: Some(format!("loyalty-accrual-{suffix}")),
+            namespace: Some("loyalty".into()),
+            labels: Some(BTreeMap::from([
+                (LABEL_SERVICE_NAME.to_owned(), "loyalty-accrual".to_owned()),
+                (LABEL_SOURCE_CLUSTER.to_owned(), cluster),
+            ])),
+            ..ObjectMeta::default()
+        },
+        endpoints: cluster_pods
+            .iter()
+            .map(|pod| SliceEndpoint {
+                addresses: vec![pod.addr.ip().to_string()],
+                conditions: Some(EndpointConditions {
+                    ready: Some(true),
+                    serving: Some(true),
+                    terminating: Some(false),
+                }),
+                ..SliceEndpoint::default()
+            })
+            .collect(),
+        ports: Some(vec![EndpointPort {
+            name: Some(port.0.to_owned()),
+            port: Some(i32::from(port.1)),
+            protocol: Some("TCP".into()),
+            app_protocol: None,
+        }]),
+    }
+}
+
+/// Queries SRV `name` at the DNS server as any client would, prints the records like `dig`
+/// and returns their targets.
+async fn print_srv(
+    server: SocketAddr,
+    name: &str,
+) -> Result<Vec<String>, Box<dyn std::error::Error>> {
+    let mut ns = NameServerConfig::udp_and_tcp(server.ip());
+    for c in &mut ns.connections {
+        c.port = server.port();
+    }
+    let lookup = Resolver::builder_with_config(
+        ResolverConfig::from_parts(None, vec![], vec![ns]),
+        TokioRuntimeProvider::default(),
+    )
+    .build()?
+    .srv_lookup(name)
+    .await?;
+    let mut targets = Vec::new();
+    for record in lookup.answers() {
+        let RData::SRV(srv) = &record.data else {
+            continue;
+        };
+        println!(
+            "      {} {} {} {}",
+            srv.priority, srv.weight, srv.port, srv.target
+        );
+        targets.push(srv.target.to_string());
+    }
+    Ok(targets)
 }
 
 /// When a request was sent, relative to a stop.
@@ -526,10 +636,6 @@ struct Pod {
 }
 
 impl Pod {
-    fn endpoint(&self) -> Endpoint {
-        Endpoint::ready(self.addr, self.cluster.clone())
-    }
-
     /// Stops like a pod on SIGTERM: no new connections, in-flight requests finish,
     /// connections close.
     async fn stop(self) {
@@ -658,21 +764,21 @@ impl Checks {
 /// The exports, their merge by `mcs_core::merge`, and what the example prints and checks.
 mod imports {
     use mcs::core::ClusterId;
-    use mcs::core::api::{Protocol, ServicePort};
+    use mcs::core::api::{Protocol, ServicePort, v1beta1::ServiceImport};
     use mcs::core::conditions::{ConditionStatus, ConflictReason};
     use mcs::core::merge::{
         Constituent, MergeOutcome, MergedImport, ServiceFacts, ServiceKind, Stability,
     };
     use mcs::core::name::ServiceRef;
 
-    /// One cluster's export of a ClusterIP Service with these named TCP ports.
+    /// One cluster's export of a headless Service with these named TCP ports.
     pub(crate) fn export(
         cluster: &ClusterId,
         created: &str,
         ports: &[(&str, u16)],
     ) -> Result<Constituent, String> {
         let created = created.parse().map_err(|e| format!("{created}: {e}"))?;
-        let facts = ServiceFacts::builder(ServiceKind::ClusterSetIp)
+        let facts = ServiceFacts::builder(ServiceKind::Headless)
             .ports(ports.iter().map(|(name, port)| ServicePort {
                 name: Some((*name).to_owned()),
                 protocol: Some(Protocol::Tcp),
@@ -705,11 +811,15 @@ mod imports {
             self.outcome.import.as_ref()
         }
 
+        /// The ServiceImport every cluster writes.
+        pub(crate) fn import_object(&self) -> Result<ServiceImport, String> {
+            let import = self.import().ok_or("no import")?;
+            Ok(import.to_service_import(&self.service))
+        }
+
         /// The ServiceImport every cluster writes, as YAML.
         pub(crate) fn yaml(&self) -> Result<String, String> {
-            let import = self.import().ok_or("no import")?;
-            serde_yaml::to_string(&import.to_service_import(&self.service))
-                .map_err(|e| e.to_string())
+            serde_yaml::to_string(&self.import_object()?).map_err(|e| e.to_string())
         }
 
         pub(crate) fn conflicted(&self) -> bool {

@@ -419,3 +419,39 @@ async fn clusterset_ip_and_missing_services() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_headless_port_without_srv_records_has_no_endpoints_until_published() {
+    let dns = Dns::start([127, 0, 11, 53]).await;
+    publish(
+        &dns,
+        &[([127, 10, 11, 1], "east"), ([127, 20, 11, 1], "west")],
+    )
+    .await;
+    // The bare name's A records list every endpoint; a fallback to them would send port
+    // PORT + 2 traffic to endpoints that do not serve it.
+    dns.set_a(SVC, &[[127, 10, 11, 1], [127, 20, 11, 1]]).await;
+    let dns_resolver = resolver(&dns, Duration::from_millis(200));
+    let mut resolution = dns_resolver.resolve(&target(PORT + 2));
+    assert!(
+        matches!(next(&mut resolution).await, Update::Reset(e) if e.is_empty()),
+        "no SRV record for the port: no endpoints"
+    );
+    // West starts serving the port: the next query (which skips the cache) finds it.
+    let west = endpoint_name([127, 20, 11, 1], "west");
+    let east = endpoint_name([127, 10, 11, 1], "east");
+    dns.set_srv(SVC, &[(&east, PORT), (&west, PORT), (&west, PORT + 2)])
+        .await;
+    let endpoints = loop {
+        match next(&mut resolution).await {
+            Update::Reset(e) if !e.is_empty() => break e,
+            _ => continue,
+        }
+    };
+    assert_eq!(endpoints.len(), 1);
+    assert_eq!(
+        endpoints[0].addr,
+        SocketAddr::from(([127, 20, 11, 1], PORT + 2))
+    );
+    assert_eq!(endpoints[0].cluster.as_str(), "west");
+}

@@ -10,7 +10,8 @@
 //!      additional section or an A/AAAA query of the target.
 //!    - A target that is the service name itself (ClusterSetIP service) gives the VIP.
 //! 2. If no SRV record matches the port (unnamed ports have none), **A/AAAA** at the service
-//!    name, on the requested port.
+//!    name, on the requested port; unless the SRV records name endpoints (a headless
+//!    service) for other ports only: then the service has no endpoint on this port.
 //!
 //! Addresses without a cluster (the ClusterSetIP VIP, answers to A/AAAA queries) belong to
 //! a pseudo cluster, `clusterset` unless configured otherwise, so that local-first tiering
@@ -281,9 +282,11 @@ async fn run(
             Ok((answer, valid_until)) => {
                 backoff = inner.min_ttl;
                 empties += 1;
+                // The next query asks the server, not the cache: an empty answer is the
+                // one most likely to be stale (a port or endpoints just added).
+                inner.forget(&target);
                 if had_endpoints && empties < inner.confirmations {
                     debug!(service = %target, ?answer, "empty dns answer; keeping the last set until confirmed");
-                    inner.forget(&target);
                     (None, inner.min_ttl)
                 } else {
                     had_endpoints = false;
@@ -369,6 +372,19 @@ impl Inner {
             })
             .collect();
         if srvs.is_empty() {
+            // SRV records for other ports only. If they name endpoints (a headless
+            // service), the service has no endpoint on this port: its A/AAAA records would
+            // list every endpoint, including clusters that do not serve the port.
+            let headless = lookup.answers().iter().any(|r| match &r.data {
+                RData::SRV(srv) => matches!(
+                    McsName::parse(&srv.target.to_ascii(), &self.zone),
+                    Ok(McsName::Endpoint { .. })
+                ),
+                _ => false,
+            });
+            if headless {
+                return Ok((Answer::Empty, valid_until));
+            }
             return self.query_addresses(target, valid_until).await;
         }
         let mut endpoints = Vec::new();
