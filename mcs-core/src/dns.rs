@@ -27,7 +27,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use crate::ClusterId;
 use crate::api::{Protocol, ServiceImportType, ServicePort, v1beta1::ServiceImport};
-use crate::name::{Hostname, McsName, NameError, PortName, ServiceRef, Zone};
+use crate::name::{Hostname, MAX_NAME_LEN, McsName, NameError, PortName, ServiceRef, Zone};
 use crate::slices::{McsSlice, SliceError};
 
 /// The schema version served at `dns-version.<zone>` TXT. The MCS DNS spec says `1.0.0`
@@ -519,13 +519,18 @@ impl ZoneData {
         if import.type_ != ServiceImportType::Headless {
             return false;
         }
-        let mut found = false;
-        for (slice, ep) in ready_endpoints(entry) {
-            if slice.cluster == *cluster && ep.dns_hostname().as_ref() == Some(hostname) {
-                found = true;
-                out.addresses(ep.addresses.iter().copied(), qtype);
-            }
-        }
+        // One `addresses` call for every match, so an endpoint listed twice (in two
+        // slices of its cluster, as during a slice rotation) yields each address once.
+        let mut matches = ready_endpoints(entry)
+            .filter(|(slice, ep)| {
+                slice.cluster == *cluster && ep.dns_hostname().as_ref() == Some(hostname)
+            })
+            .peekable();
+        let found = matches.peek().is_some();
+        out.addresses(
+            matches.flat_map(|(_, ep)| ep.addresses.iter().copied()),
+            qtype,
+        );
         found
     }
 
@@ -544,7 +549,10 @@ impl ZoneData {
         ep: &crate::slices::SliceEndpoint,
     ) -> Option<String> {
         let host = ep.dns_hostname()?;
-        Some(format!("{host}.{cluster}.{}", svc.to_fqdn(&self.zone)))
+        let target = format!("{host}.{cluster}.{}", svc.to_fqdn(&self.zone));
+        // Four labels of up to 63 characters can add up to more than a name may hold: such
+        // a name can be neither sent nor asked for, so that endpoint gets no SRV record.
+        (target.len() <= MAX_NAME_LEN + 1).then_some(target)
     }
 
     fn ns_name(&self) -> String {

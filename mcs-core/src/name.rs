@@ -26,13 +26,19 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::api::Protocol;
-use crate::cluster::{ClusterId, LabelError, check_rfc1035_label, check_rfc1123_label};
+use crate::cluster::{
+    ClusterId, LabelError, MAX_LABEL_LEN, check_rfc1035_label, check_rfc1123_label,
+};
 
 /// Maximum length of a domain name in presentation form, without the trailing dot.
 pub const MAX_NAME_LEN: usize = 253;
 
 /// The default ClusterSet zone.
 pub const DEFAULT_ZONE: &str = "clusterset.local";
+
+/// Longest zone: the DNS answers put `hostmaster.<zone>` (the SOA mailbox) under every
+/// zone, and that name must still fit in [`MAX_NAME_LEN`].
+const MAX_ZONE_LEN: usize = MAX_NAME_LEN - "hostmaster.".len();
 
 /// Why a name is not a valid `clusterset.local` name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -138,8 +144,11 @@ impl Zone {
         if lower.is_empty() {
             return Err(problem("empty".into()));
         }
-        if lower.len() > MAX_NAME_LEN {
-            return Err(problem(format!("{} characters long", lower.len())));
+        if lower.len() > MAX_ZONE_LEN {
+            return Err(problem(format!(
+                "{} characters long; at most {MAX_ZONE_LEN} leave room for the names under it",
+                lower.len()
+            )));
         }
         let mut labels = 0;
         for label in lower.split('.') {
@@ -378,10 +387,11 @@ impl McsName {
         }
         let lower = trimmed.to_ascii_lowercase();
         let rel = &lower[..lower.len() - zone.as_str().len()];
-        let rel = rel.strip_suffix('.').unwrap_or(rel);
         if rel.is_empty() {
             return Ok(Self::Apex);
         }
+        // `.<zone>` leaves an empty label here, rejected below like any other.
+        let rel = rel.strip_suffix('.').unwrap_or(rel);
         let labels: Vec<&str> = rel.split('.').collect();
         if labels.iter().any(|l| l.is_empty()) {
             return Err(NameError::EmptyLabel {
@@ -436,6 +446,15 @@ impl McsName {
                     ));
                 };
                 label(port, "port name", check_rfc1123_label)?;
+                // `_<port>` is the label on the wire: the `_` counts towards its 63.
+                if first.len() > MAX_LABEL_LEN {
+                    return Err(NameError::Label {
+                        name: name.to_owned(),
+                        label: (*first).to_owned(),
+                        role: "port name",
+                        source: LabelError::TooLong { len: first.len() },
+                    });
+                }
                 let protocol = match proto {
                     "tcp" => Protocol::Tcp,
                     "udp" => Protocol::Udp,
@@ -593,6 +612,23 @@ mod tests {
             parse("a..b.svc.clusterset.local"),
             Err(NameError::EmptyLabel { .. })
         ));
+        // Found by the `dns` fuzz target: `_` and a 63-character port name make a
+        // 64-character label, which no DNS name can hold.
+        let srv = |port: &str| parse(&format!("_{port}._tcp.a.b.svc.clusterset.local"));
+        assert!(srv(&"p".repeat(62)).is_ok());
+        assert!(matches!(
+            srv(&"p".repeat(63)),
+            Err(NameError::Label {
+                role: "port name",
+                source: LabelError::TooLong { len: 64 },
+                ..
+            })
+        ));
+        // Found by the `names` fuzz target: this parsed as the apex.
+        assert!(matches!(
+            parse(".clusterset.local."),
+            Err(NameError::EmptyLabel { .. })
+        ));
         assert!(matches!(
             parse("_a.b.x.y.svc.clusterset.local"),
             Err(NameError::Srv { .. })
@@ -633,6 +669,22 @@ mod tests {
             "fd00--0"
         );
         assert_eq!(Hostname::from_ip("::1".parse().unwrap()).as_str(), "0--1");
+    }
+
+    #[test]
+    fn zone_leaves_room_for_the_soa_names() {
+        // Found by the `dns` fuzz target: a 253-character zone was accepted, and every
+        // negative answer then carried `hostmaster.<zone>.`, too long for the wire.
+        let zone = |len: usize| {
+            let name: String = (0..len)
+                .map(|i| if i % 64 == 63 { '.' } else { 'a' })
+                .collect();
+            Zone::new(&name)
+        };
+        assert_eq!(zone(MAX_ZONE_LEN).unwrap().as_str().len(), 242);
+        let err = zone(MAX_ZONE_LEN + 1).unwrap_err();
+        assert!(matches!(err, NameError::Zone { .. }), "{err}");
+        assert!(err.to_string().contains("at most 242"), "{err}");
     }
 
     #[test]

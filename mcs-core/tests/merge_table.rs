@@ -670,6 +670,30 @@ fn pure_merge_sticky_matches_the_state() {
 }
 
 #[test]
+fn sticky_adopts_the_fresh_merge_when_nothing_kept_differs_from_it() {
+    // Found by the `merge` fuzz target. The kept import loses the port no remaining
+    // cluster exposes, which leaves exactly the fresh merge: it is adopted at once (its
+    // winner is the source), or the next merge would adopt it and report a change that
+    // changes nothing.
+    let s = svc();
+    let headless = |p| ServiceFacts::builder(ServiceKind::Headless).port(p);
+    let echo = export("echo", 0, headless(port("tcp", Protocol::Tcp, 42)));
+    let delta = [export("delta", 1, headless(port("udp", Protocol::Udp, 42)))];
+    let first = merge(&s, &[echo], Stability::Sticky, None).unwrap();
+    let sticky = merge(&s, &delta, Stability::Sticky, first.import.as_ref()).unwrap();
+    assert_eq!(sticky, merge(&s, &delta, Stability::Fresh, None).unwrap());
+    assert_eq!(
+        sticky.import.as_ref().unwrap().source,
+        Source::Winner {
+            cluster: id("delta"),
+            reason: WinReason::Oldest
+        }
+    );
+    let again = merge(&s, &delta, Stability::Sticky, sticky.import.as_ref()).unwrap();
+    assert_eq!(again, sticky, "a sticky merge is a fixed point");
+}
+
+#[test]
 fn public_types_are_send_and_sync() {
     fn send_sync<T: Send + Sync + 'static>() {}
     fn error<T: std::error::Error + Send + Sync + 'static>() {}

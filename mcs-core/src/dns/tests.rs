@@ -423,6 +423,81 @@ fn slices_move_between_services_and_imports_go_away() {
     ));
 }
 
+#[test]
+fn an_endpoint_in_two_slices_answers_each_address_once() {
+    // Found by the `dns` fuzz target: every slice that listed the endpoint added its
+    // addresses again, so the answer repeated records.
+    let mut z = data();
+    z.upsert_slice(&slice(
+        "demo",
+        "web-east-rotated",
+        "web",
+        "east",
+        "IPv4",
+        &[(&["10.1.0.1", "10.1.0.9"], Some("web-0"), true)],
+    ))
+    .unwrap();
+    let a = z.answer("web-0.east.web.demo.svc.clusterset.local.", QueryType::A);
+    assert_eq!(ips(&a), ["10.1.0.1", "10.1.0.9"]);
+}
+
+#[test]
+fn names_too_long_for_the_wire_are_never_emitted() {
+    // Found by the `dns` fuzz target. Each label fits, but
+    // `<hostname>.<clusterid>.<svc>.<ns>.svc.clusterset.local.` would be 277 characters:
+    // that endpoint gets no SRV record (its name cannot be sent, nor asked for).
+    let long = |c: &str| c.repeat(63);
+    let (host, cluster, svc, ns) = (long("h"), long("c"), long("s"), long("n"));
+    let mut z = ZoneData::new(Zone::default(), DEFAULT_TTL);
+    z.set_namespace(&ns, true);
+    z.upsert_import(&import(
+        &ns,
+        &svc,
+        ServiceImportType::Headless,
+        &[],
+        HELLO_PORTS,
+    ))
+    .unwrap();
+    z.upsert_slice(&slice(
+        &ns,
+        "s",
+        &svc,
+        &cluster,
+        "IPv4",
+        &[
+            (&["10.0.0.1"], Some(host.as_str()), true),
+            (&["10.0.0.2"], Some("web-0"), true),
+        ],
+    ))
+    .unwrap();
+    let name = format!("{svc}.{ns}.svc.clusterset.local.");
+    let short = format!("web-0.{cluster}.{name}");
+    assert_eq!(
+        ips(&z.answer(&name, QueryType::A)),
+        ["10.0.0.1", "10.0.0.2"]
+    );
+    for question in [name.clone(), format!("_tcp._tcp.{name}")] {
+        let a = z.answer(&question, QueryType::Srv);
+        assert_eq!(srv(&a), [(42, short.clone())], "{question}");
+        for r in a.answers.iter().chain(&a.additionals) {
+            assert!(r.name.len() <= crate::name::MAX_NAME_LEN + 1, "{}", r.name);
+        }
+    }
+    // The same holds for the SOA names of the longest zone.
+    let zone: String = (0..242)
+        .map(|i| if i % 64 == 63 { '.' } else { 'z' })
+        .collect();
+    let z = ZoneData::new(Zone::new(&zone).unwrap(), DEFAULT_TTL);
+    let a = z.answer(&zone, QueryType::A);
+    let RData::Soa { mname, rname, .. } = &a.authority[0].data else {
+        panic!("{a:?}")
+    };
+    assert!(
+        mname.len() <= crate::name::MAX_NAME_LEN + 1
+            && rname.len() <= crate::name::MAX_NAME_LEN + 1
+    );
+}
+
 proptest! {
     /// Every name the builder emits (owners and SRV targets) parses back with the name grammar.
     #[test]

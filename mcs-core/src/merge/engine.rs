@@ -425,10 +425,17 @@ pub(crate) fn resolve<'a>(
         (Stability::Sticky, Some(prev))
             if !members
                 .iter()
-                .any(|m| m.export.cluster() == prev.source.cluster())
-                && !publishes_the_same(&fresh, prev) =>
+                .any(|m| m.export.cluster() == prev.source.cluster()) =>
         {
-            retained_draft(prev, &ranked, &exposure)
+            // Compared after the kept ports are trimmed to what remains exposed: when that
+            // is exactly the fresh merge, the fresh merge (and its winner) is adopted now,
+            // not at the next merge, so a sticky merge is a fixed point.
+            let retained = retained_draft(prev, &ranked, &exposure);
+            if publishes_the_same(&fresh, &retained) {
+                fresh
+            } else {
+                retained
+            }
         }
         _ => fresh,
     };
@@ -525,9 +532,9 @@ fn retained_draft(
     }
 }
 
-/// Whether a fresh merge would publish exactly what `prev` publishes.
-fn publishes_the_same(fresh: &Draft, prev: &MergedImport) -> bool {
-    let (a, b) = (&fresh.spec, &prev.spec);
+/// Whether a fresh merge would publish exactly what the retained draft publishes.
+fn publishes_the_same(fresh: &Draft, retained: &Draft) -> bool {
+    let (a, b) = (&fresh.spec, &retained.spec);
     a.ports == b.ports
         && a.type_ == b.type_
         && a.session_affinity == b.session_affinity
@@ -535,8 +542,8 @@ fn publishes_the_same(fresh: &Draft, prev: &MergedImport) -> bool {
         && a.ip_families == b.ip_families
         && a.internal_traffic_policy == b.internal_traffic_policy
         && a.traffic_distribution == b.traffic_distribution
-        && fresh.labels == prev.labels
-        && fresh.annotations == prev.annotations
+        && fresh.labels == retained.labels
+        && fresh.annotations == retained.annotations
 }
 
 /// The union of ports in precedence order: a port whose name, or else whose (protocol,
