@@ -38,7 +38,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use indicatif::{ProgressBar, ProgressStyle};
 use k8s_openapi::api::discovery::v1::{
     Endpoint as SliceEndpoint, EndpointConditions, EndpointPort, EndpointSlice,
@@ -144,8 +144,10 @@ async fn run(checks: &mut Checks) -> Result<(), Box<dyn std::error::Error>> {
         .port_name(ADMIN_PORT, PortName::new("admin")?)
         .build()?;
 
-    let client: Client<HttpConnector, Full<Bytes>> =
-        Client::builder(TokioExecutor::new()).build_http();
+    let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build_http();
     let checkout_in = |cluster: &ClusterId| -> Checkout {
         let mut outlier = OutlierConfig::default();
         // East is 3 of the 7 endpoints: allow ejecting all of them.

@@ -34,7 +34,7 @@
 //! use http_body_util::Empty;
 //! use hyper::body::Bytes;
 //! use hyper_util::client::legacy::Client;
-//! use hyper_util::rt::TokioExecutor;
+//! use hyper_util::rt::{TokioExecutor, TokioTimer};
 //! use mcs_client::{McsLayer, StaticResolver};
 //! use mcs_core::{ClusterId, discovery::{Endpoint, Target}, endpoints::Locality, name::ServiceRef};
 //! use tower::{ServiceBuilder, ServiceExt};
@@ -45,7 +45,12 @@
 //! let target = Target { service: ServiceRef::new("loyalty", "loyalty-accrual")?, port: 9443 };
 //! resolver.set(&target, [Endpoint::ready("127.10.0.1:9443".parse()?, east.clone())]);
 //!
-//! let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+//! // A pool timer, so idle connections to endpoints that left are closed: endpoints come
+//! // and go, and without a timer the pool keeps an entry for every address it ever used.
+//! let client = Client::builder(TokioExecutor::new())
+//!     .pool_timer(TokioTimer::new())
+//!     .pool_idle_timeout(std::time::Duration::from_secs(30))
+//!     .build_http::<Empty<Bytes>>();
 //! let svc = ServiceBuilder::new().layer(McsLayer::new(resolver, Locality::cluster(east))).service(client);
 //!
 //! let request = http::Request::get("http://loyalty-accrual.loyalty.svc.clusterset.local:9443/accrue")
