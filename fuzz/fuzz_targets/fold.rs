@@ -31,6 +31,10 @@ use mcs_core::endpoints::{
 };
 use mcs_core::name::Hostname;
 
+#[path = "../../mcs-core/tests/oracles/fold.rs"]
+mod oracle;
+use oracle::{model, pick_set};
+
 const CLUSTERS: [&str; 3] = ["c0", "c1", "c2"];
 const ZONES: [&str; 2] = ["z0", "z1"];
 
@@ -187,59 +191,6 @@ impl ConfigIn {
         }
         (locality, config)
     }
-}
-
-/// The set the spec describes: start from the last `Reset` (or `DoesNotExist`, or
-/// nothing), then apply the later `Add`s and `Remove`s in order.
-fn model(updates: &[Update]) -> (BTreeMap<SocketAddr, Endpoint>, Option<bool>) {
-    let start = updates
-        .iter()
-        .rposition(|u| matches!(u, Update::Reset(_) | Update::DoesNotExist));
-    let mut set = BTreeMap::new();
-    let mut exists = None;
-    let rest = match start {
-        Some(i) => {
-            if let Update::Reset(list) = &updates[i] {
-                set.extend(list.iter().map(|e| (e.addr, e.clone())));
-                exists = Some(true);
-            } else {
-                exists = Some(false);
-            }
-            &updates[i + 1..]
-        }
-        None => updates,
-    };
-    for u in rest {
-        match u {
-            Update::Add(list) => set.extend(list.iter().map(|e| (e.addr, e.clone()))),
-            Update::Remove(addrs) => {
-                for a in addrs {
-                    set.remove(a);
-                }
-            }
-            Update::Reset(_) | Update::DoesNotExist => unreachable!(),
-        }
-        exists = Some(true);
-    }
-    (set, exists)
-}
-
-/// The pick set of a flat balancer: ready and not terminating, else serving and
-/// terminating.
-fn pick_set(table: &BTreeMap<SocketAddr, Endpoint>) -> BTreeMap<SocketAddr, Endpoint> {
-    let ready: BTreeMap<_, _> = table
-        .iter()
-        .filter(|(_, e)| e.ready && !e.terminating)
-        .map(|(a, e)| (*a, e.clone()))
-        .collect();
-    if !ready.is_empty() {
-        return ready;
-    }
-    table
-        .iter()
-        .filter(|(_, e)| e.serving && e.terminating)
-        .map(|(a, e)| (*a, e.clone()))
-        .collect()
 }
 
 fn snapshot_set(b: &Balancer) -> BTreeMap<SocketAddr, Endpoint> {

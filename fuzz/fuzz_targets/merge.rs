@@ -17,7 +17,7 @@
 //! `1..=65535`, a repeated port name or (protocol, port) pair, or a repeated IP family.
 #![no_main]
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use arbitrary::Arbitrary;
 use k8s_openapi::jiff::Timestamp;
@@ -27,12 +27,15 @@ use mcs_core::api::{
     ClientIpConfig, InternalTrafficPolicy, IpFamily, Protocol, ServicePort, SessionAffinity,
     SessionAffinityConfig, StringMap, TrafficDistribution,
 };
-use mcs_core::conditions::{ConditionStatus, ValidReason, is_valid_reason};
 use mcs_core::merge::{
-    Change, ClusterSetState, Constituent, ImportChange, MAX_MESSAGE_LEN, MAX_PORT, MergeError,
-    MergeOutcome, ServiceFacts, ServiceKind, Stability, merge,
+    Change, ClusterSetState, Constituent, MAX_PORT, MergeError, MergeOutcome, ServiceFacts,
+    ServiceKind, Stability, merge,
 };
 use mcs_core::name::ServiceRef;
+
+#[path = "../../mcs-core/tests/oracles/merge.rs"]
+mod oracle;
+use oracle::{check_change, check_outcome};
 
 const CLUSTERS: [&str; 6] = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot"];
 
@@ -301,7 +304,7 @@ fuzz_target!(|input: Input| {
     let a = merge(s, &exports, Stability::Fresh, None).unwrap();
     let b = merge(s, &order, Stability::Fresh, None).unwrap();
     assert_eq!(a, b, "merge depends on the order of its input");
-    check_outcome(&exports, &a);
+    check_outcome(s, &exports, &a);
     for stability in [Stability::Fresh, Stability::Sticky] {
         let mut state = ClusterSetState::new(stability);
         for c in &order {
@@ -316,7 +319,7 @@ fuzz_target!(|input: Input| {
     // fixed point.
     let second = distinct(&input.second);
     let sticky = merge(s, &second, Stability::Sticky, a.import.as_ref()).unwrap();
-    check_outcome(&second, &sticky);
+    check_outcome(s, &second, &sticky);
     let again = merge(s, &second, Stability::Sticky, sticky.import.as_ref()).unwrap();
     assert_eq!(again, sticky, "a sticky merge is a fixed point");
 
@@ -379,7 +382,7 @@ fn history(ops: &[OpIn]) {
                     None => assert!(exports.is_empty()),
                     Some(outcome) => {
                         assert!(!exports.is_empty(), "no empty entries are kept");
-                        check_outcome(&exports, &outcome);
+                        check_outcome(s, &exports, &outcome);
                         if stability == Stability::Fresh {
                             let pure = merge(s, &exports, Stability::Fresh, None).unwrap();
                             assert_eq!(outcome, pure, "history leaked into a fresh state");
@@ -389,125 +392,4 @@ fn history(ops: &[OpIn]) {
             }
         }
     }
-}
-
-/// Every invariant of one service's outcome, given its constituents.
-fn check_outcome(exports: &[Constituent], outcome: &MergeOutcome) {
-    let valid: BTreeMap<_, _> = exports
-        .iter()
-        .filter(|c| c.validity() == ValidReason::Valid)
-        .map(|c| (c.cluster().clone(), c))
-        .collect();
-    assert_eq!(
-        outcome.import.is_some(),
-        !valid.is_empty(),
-        "import iff a valid export"
-    );
-    assert_eq!(outcome.exports.len(), exports.len());
-    let shared = valid
-        .keys()
-        .next()
-        .map(|c| outcome.exports[c].conflict.clone());
-    for (cluster, conditions) in &outcome.exports {
-        assert!(
-            is_valid_reason(&conditions.conflict.reason),
-            "{}",
-            conditions.conflict.reason
-        );
-        assert!(is_valid_reason(&conditions.valid.reason));
-        assert!(conditions.conflict.message.len() <= MAX_MESSAGE_LEN);
-        assert!(conditions.valid.message.len() <= MAX_MESSAGE_LEN);
-        if valid.contains_key(cluster) {
-            assert_eq!(conditions.valid.status, ConditionStatus::True);
-            assert_eq!(
-                Some(&conditions.conflict),
-                shared.as_ref(),
-                "same Conflict everywhere"
-            );
-            assert_eq!(conditions.conflict.status, outcome.conflicts.status());
-            assert_eq!(conditions.conflict.reason, outcome.conflicts.to_string());
-        } else {
-            assert_eq!(conditions.valid.status, ConditionStatus::False);
-            assert_eq!(conditions.conflict.reason, "NoConflicts");
-        }
-    }
-    let Some(import) = &outcome.import else {
-        return;
-    };
-    assert_eq!(import.spec.ips, None);
-    assert_eq!(
-        import.clusters.iter().collect::<Vec<_>>(),
-        valid.keys().collect::<Vec<_>>()
-    );
-    let mut names = BTreeSet::new();
-    let mut pairs = BTreeSet::new();
-    for p in &import.spec.ports {
-        assert!(
-            names.insert(p.name.clone().unwrap_or_default()),
-            "repeated name in {:?}",
-            import.spec.ports
-        );
-        assert!(
-            pairs.insert((p.protocol_or_default(), p.port)),
-            "repeated pair in {:?}",
-            import.spec.ports
-        );
-        assert!(p.protocol.is_some(), "protocol normalised");
-    }
-    if let Some(families) = &import.spec.ip_families {
-        assert_eq!(
-            families.iter().collect::<BTreeSet<_>>().len(),
-            families.len()
-        );
-    }
-    assert_eq!(import.routes.len(), import.spec.ports.len());
-    for (route, p) in import.routes.iter().zip(&import.spec.ports) {
-        assert_eq!(&route.port, p);
-        assert!(!route.clusters.is_empty(), "port {p:?} routes nowhere");
-        assert_eq!(import.clusters_for(p), &route.clusters[..]);
-        let exposers: Vec<_> = valid
-            .values()
-            .filter(|c| c.service().is_some_and(|f| f.exposes(p)))
-            .map(|c| c.cluster().clone())
-            .collect();
-        assert_eq!(
-            route.clusters, exposers,
-            "exactly the exposing clusters are routed to"
-        );
-    }
-    // The import as a ServiceImport object carries the same spec and clusters.
-    let object = import.to_service_import(&services()[0]);
-    assert_eq!(object.spec, import.spec);
-    let status = import.status();
-    let listed: Vec<String> = status
-        .clusters
-        .iter()
-        .flatten()
-        .map(|c| c.cluster.clone())
-        .collect();
-    let expected: Vec<String> = import.clusters.iter().map(|c| c.to_string()).collect();
-    assert_eq!(listed, expected);
-}
-
-/// The `Change` reports exactly the difference between two outcomes.
-fn check_change(change: &Change, before: Option<&MergeOutcome>, after: Option<&MergeOutcome>) {
-    let old = before.and_then(|o| o.import.as_ref());
-    let new = after.and_then(|o| o.import.as_ref());
-    match (&change.import, old, new) {
-        (ImportChange::Unchanged, a, b) => assert_eq!(a, b),
-        (ImportChange::Created(i), None, Some(b)) => assert_eq!(&**i, b),
-        (ImportChange::Updated(i), Some(a), Some(b)) => {
-            assert_ne!(a, b);
-            assert_eq!(&**i, b);
-        }
-        (ImportChange::Deleted, Some(_), None) => {}
-        (c, a, b) => panic!("{c:?} from {a:?} to {b:?}"),
-    }
-    let expected: Vec<_> = after
-        .into_iter()
-        .flat_map(|o| &o.exports)
-        .filter(|(c, cond)| before.and_then(|o| o.exports.get(*c)) != Some(*cond))
-        .map(|(c, cond)| (c.clone(), cond.clone()))
-        .collect();
-    assert_eq!(change.conditions, expected);
 }

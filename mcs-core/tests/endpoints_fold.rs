@@ -1,6 +1,9 @@
 //! Building snapshots from the update stream: folding equals the last reset plus later
 //! deltas, slices arriving in pieces lose nothing, and in-flight counts return to zero.
 
+#[path = "oracles/fold.rs"]
+mod oracle;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -11,6 +14,7 @@ use mcs_core::discovery::{Endpoint, EndpointTable, Update};
 use mcs_core::endpoints::{
     Balancer, BalancerConfig, EndpointState, Locality, Outcome, PickContext, Picked, Tiering,
 };
+use oracle::{model, pick_set};
 use proptest::prelude::*;
 
 fn addr(i: u8) -> SocketAddr {
@@ -44,59 +48,6 @@ fn update() -> impl Strategy<Value = Update> {
         3 => prop::collection::vec((0u8..10).prop_map(addr), 0..4).prop_map(Update::Remove),
         1 => Just(Update::DoesNotExist),
     ]
-}
-
-/// The set the spec describes: start from the last `Reset` (or `DoesNotExist`, or
-/// nothing), then apply the later `Add`s and `Remove`s in order.
-fn model(updates: &[Update]) -> (BTreeMap<SocketAddr, Endpoint>, Option<bool>) {
-    let start = updates
-        .iter()
-        .rposition(|u| matches!(u, Update::Reset(_) | Update::DoesNotExist));
-    let mut set = BTreeMap::new();
-    let mut exists = None;
-    let rest = match start {
-        Some(i) => {
-            if let Update::Reset(list) = &updates[i] {
-                set.extend(list.iter().map(|e| (e.addr, e.clone())));
-                exists = Some(true);
-            } else {
-                exists = Some(false);
-            }
-            &updates[i + 1..]
-        }
-        None => updates,
-    };
-    for u in rest {
-        match u {
-            Update::Add(list) => set.extend(list.iter().map(|e| (e.addr, e.clone()))),
-            Update::Remove(addrs) => {
-                for a in addrs {
-                    set.remove(a);
-                }
-            }
-            Update::Reset(_) | Update::DoesNotExist => unreachable!(),
-        }
-        exists = Some(true);
-    }
-    (set, exists)
-}
-
-/// The pick set of a flat balancer: ready and not terminating, else serving and
-/// terminating.
-fn pick_set(table: &BTreeMap<SocketAddr, Endpoint>) -> BTreeMap<SocketAddr, Endpoint> {
-    let ready: BTreeMap<_, _> = table
-        .iter()
-        .filter(|(_, e)| e.ready && !e.terminating)
-        .map(|(a, e)| (*a, e.clone()))
-        .collect();
-    if !ready.is_empty() {
-        return ready;
-    }
-    table
-        .iter()
-        .filter(|(_, e)| e.serving && e.terminating)
-        .map(|(a, e)| (*a, e.clone()))
-        .collect()
 }
 
 fn flat(t0: Instant) -> Balancer {

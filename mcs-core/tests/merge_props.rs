@@ -12,20 +12,21 @@
 
 #[path = "merge_common/mod.rs"]
 mod common;
+#[path = "oracles/merge.rs"]
+mod oracle;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use common::{at, id, svc};
 use mcs_core::api::{
     InternalTrafficPolicy, IpFamily, Protocol, ServicePort, SessionAffinity, StringMap,
     TrafficDistribution,
 };
-use mcs_core::conditions::{ConditionStatus, ValidReason, is_valid_reason};
 use mcs_core::merge::{
-    Change, ClusterSetState, Constituent, ImportChange, MAX_MESSAGE_LEN, MergeOutcome,
-    ServiceFacts, ServiceKind, Stability, merge,
+    Change, ClusterSetState, Constituent, MergeOutcome, ServiceFacts, ServiceKind, Stability, merge,
 };
 use mcs_core::name::ServiceRef;
+use oracle::{check_change, check_outcome};
 use proptest::prelude::*;
 
 const CLUSTERS: [&str; 6] = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot"];
@@ -187,129 +188,6 @@ fn apply(state: &mut ClusterSetState, op: &Op) -> Vec<Change> {
     }
 }
 
-/// Every invariant of one service's outcome, given its constituents.
-fn check_outcome(exports: &[Constituent], outcome: &MergeOutcome) -> Result<(), TestCaseError> {
-    let valid: BTreeMap<_, _> = exports
-        .iter()
-        .filter(|c| c.validity() == ValidReason::Valid)
-        .map(|c| (c.cluster().clone(), c))
-        .collect();
-    prop_assert_eq!(
-        outcome.import.is_some(),
-        !valid.is_empty(),
-        "import iff a valid export"
-    );
-    prop_assert_eq!(outcome.exports.len(), exports.len());
-    let shared = valid
-        .keys()
-        .next()
-        .map(|c| outcome.exports[c].conflict.clone());
-    for (cluster, conditions) in &outcome.exports {
-        prop_assert!(
-            is_valid_reason(&conditions.conflict.reason),
-            "{}",
-            conditions.conflict.reason
-        );
-        prop_assert!(is_valid_reason(&conditions.valid.reason));
-        prop_assert!(conditions.conflict.message.len() <= MAX_MESSAGE_LEN);
-        if valid.contains_key(cluster) {
-            prop_assert_eq!(conditions.valid.status, ConditionStatus::True);
-            prop_assert_eq!(
-                Some(&conditions.conflict),
-                shared.as_ref(),
-                "same Conflict everywhere"
-            );
-            prop_assert_eq!(conditions.conflict.status, outcome.conflicts.status());
-            prop_assert_eq!(&conditions.conflict.reason, &outcome.conflicts.to_string());
-        } else {
-            prop_assert_eq!(conditions.valid.status, ConditionStatus::False);
-            prop_assert_eq!(&conditions.conflict.reason, "NoConflicts");
-        }
-    }
-    let Some(import) = &outcome.import else {
-        return Ok(());
-    };
-    prop_assert_eq!(import.spec.ips.as_ref(), None);
-    prop_assert_eq!(
-        import.clusters.iter().collect::<Vec<_>>(),
-        valid.keys().collect::<Vec<_>>()
-    );
-    let mut names = BTreeSet::new();
-    let mut pairs = BTreeSet::new();
-    for p in &import.spec.ports {
-        prop_assert!(
-            names.insert(p.name.clone().unwrap_or_default()),
-            "repeated name in {:?}",
-            import.spec.ports
-        );
-        prop_assert!(
-            pairs.insert((p.protocol_or_default(), p.port)),
-            "repeated pair in {:?}",
-            import.spec.ports
-        );
-        prop_assert!(p.protocol.is_some(), "protocol normalised");
-    }
-    if let Some(families) = &import.spec.ip_families {
-        prop_assert_eq!(
-            families.iter().collect::<BTreeSet<_>>().len(),
-            families.len()
-        );
-    }
-    prop_assert_eq!(import.routes.len(), import.spec.ports.len());
-    for (route, p) in import.routes.iter().zip(&import.spec.ports) {
-        prop_assert_eq!(&route.port, p);
-        prop_assert!(!route.clusters.is_empty(), "port {:?} routes nowhere", p);
-        for cluster in &route.clusters {
-            let facts = valid.get(cluster).and_then(|c| c.service());
-            prop_assert!(
-                facts.is_some_and(|f| f.exposes(p)),
-                "{} does not expose {:?}",
-                cluster,
-                p
-            );
-        }
-        let exposers: Vec<_> = valid
-            .values()
-            .filter(|c| c.service().is_some_and(|f| f.exposes(p)))
-            .map(|c| c.cluster().clone())
-            .collect();
-        prop_assert_eq!(
-            &route.clusters,
-            &exposers,
-            "every exposing cluster is routed to"
-        );
-    }
-    Ok(())
-}
-
-/// The `Change` reports exactly the difference between two outcomes.
-fn check_change(
-    change: &Change,
-    before: Option<&MergeOutcome>,
-    after: Option<&MergeOutcome>,
-) -> Result<(), TestCaseError> {
-    let old = before.and_then(|o| o.import.as_ref());
-    let new = after.and_then(|o| o.import.as_ref());
-    match (&change.import, old, new) {
-        (ImportChange::Unchanged, a, b) => prop_assert_eq!(a, b),
-        (ImportChange::Created(i), None, Some(b)) => prop_assert_eq!(&**i, b),
-        (ImportChange::Updated(i), Some(a), Some(b)) => {
-            prop_assert_ne!(a, b);
-            prop_assert_eq!(&**i, b);
-        }
-        (ImportChange::Deleted, Some(_), None) => {}
-        (c, a, b) => prop_assert!(false, "{:?} from {:?} to {:?}", c, a, b),
-    }
-    let expected: Vec<_> = after
-        .into_iter()
-        .flat_map(|o| &o.exports)
-        .filter(|(c, cond)| before.and_then(|o| o.exports.get(*c)) != Some(*cond))
-        .map(|(c, cond)| (c.clone(), cond.clone()))
-        .collect();
-    prop_assert_eq!(&change.conditions, &expected);
-    Ok(())
-}
-
 proptest! {
     // 256 cases by default; set PROPTEST_CASES for a longer run.
 
@@ -319,7 +197,7 @@ proptest! {
         let a = merge(&s, &exports, Stability::Fresh, None).unwrap();
         let b = merge(&s, &shuffled, Stability::Fresh, None).unwrap();
         prop_assert_eq!(&a, &b);
-        check_outcome(&exports, &a)?;
+        check_outcome(&s, &exports, &a);
         for stability in [Stability::Fresh, Stability::Sticky] {
             let mut state = ClusterSetState::new(stability);
             for c in &shuffled {
@@ -339,7 +217,7 @@ proptest! {
         let s = svc();
         let previous = merge(&s, &first, Stability::Fresh, None).unwrap();
         let sticky = merge(&s, &second, Stability::Sticky, previous.import.as_ref()).unwrap();
-        check_outcome(&second, &sticky)?;
+        check_outcome(&s, &second, &sticky);
         let again = merge(&s, &second, Stability::Sticky, sticky.import.as_ref()).unwrap();
         prop_assert_eq!(&again, &sticky, "a sticky merge is a fixed point");
     }
@@ -355,7 +233,7 @@ proptest! {
                 let changes = apply(&mut state, op);
                 for change in &changes {
                     let i = services().iter().position(|s| *s == change.service).unwrap();
-                    check_change(change, before[i].as_ref(), state.outcome(&change.service).as_ref())?;
+                    check_change(change, before[i].as_ref(), state.outcome(&change.service).as_ref());
                 }
                 for (i, s) in services().iter().enumerate() {
                     if !changes.iter().any(|c| c.service == *s) {
@@ -379,7 +257,7 @@ proptest! {
                         None => prop_assert!(exports.is_empty()),
                         Some(outcome) => {
                             prop_assert!(!exports.is_empty(), "no empty entries are kept");
-                            check_outcome(&exports, &outcome)?;
+                            check_outcome(&s, &exports, &outcome);
                             if stability == Stability::Fresh {
                                 let pure = merge(&s, &exports, Stability::Fresh, None).unwrap();
                                 prop_assert_eq!(&outcome, &pure, "history leaked into a fresh state");

@@ -13,14 +13,6 @@ use mcs_core::api::v1beta1::ServiceImport;
 
 const NS: &str = "loyalty";
 
-fn clusters_of(si: &ServiceImport) -> Vec<String> {
-    si.status
-        .as_ref()
-        .and_then(|s| s.clusters.as_ref())
-        .map(|c| c.iter().map(|c| c.cluster.clone()).collect())
-        .unwrap_or_default()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn service_edits_deletion_and_recreation_converge() {
     let set = ClusterSet::start(&["east", "west", "north"], false).await;

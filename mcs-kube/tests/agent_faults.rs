@@ -896,14 +896,6 @@ async fn assert_sound(set: &ClusterSet, agents: &mut Agents, foreign: &[Foreign]
     assert_foreign_untouched(set, foreign).await;
 }
 
-fn clusters_of(si: &ServiceImport) -> Vec<String> {
-    si.status
-        .as_ref()
-        .and_then(|s| s.clusters.as_ref())
-        .map(|c| c.iter().map(|c| c.cluster.clone()).collect())
-        .unwrap_or_default()
-}
-
 /// `(exporting cluster, its endpoint addresses)`.
 type Source = (&'static str, &'static [&'static str]);
 

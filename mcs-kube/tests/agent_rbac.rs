@@ -19,9 +19,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use clusterset::*;
-use hickory_resolver::Resolver;
-use hickory_resolver::config::{NameServerConfig, ResolverConfig, ResolverOpts};
-use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_resolver::proto::rr::{Name, RecordType};
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
@@ -475,14 +472,6 @@ async fn create_slice(client: &Client, slice: &EndpointSlice) {
         .create(&PostParams::default(), slice)
         .await
         .expect("create EndpointSlice");
-}
-
-fn clusters_of(si: &ServiceImport) -> Vec<String> {
-    si.status
-        .as_ref()
-        .and_then(|s| s.clusters.as_ref())
-        .map(|c| c.iter().map(|c| c.cluster.clone()).collect())
-        .unwrap_or_default()
 }
 
 fn import_ready_message(si: &ServiceImport) -> Option<String> {
@@ -940,23 +929,6 @@ async fn wait_allowed_not(client: &Client, a: Access) {
 // ---------------------------------------------------------------------------------------
 // 3. The DNS server under its shipped role.
 
-fn resolver(server: SocketAddr) -> Resolver<TokioRuntimeProvider> {
-    let mut ns = NameServerConfig::udp_and_tcp(server.ip());
-    for c in &mut ns.connections {
-        c.port = server.port();
-    }
-    let mut opts = ResolverOpts::default();
-    opts.cache_size = 0;
-    opts.ndots = 0;
-    Resolver::builder_with_config(
-        ResolverConfig::from_parts(None, vec![], vec![ns]),
-        TokioRuntimeProvider::default(),
-    )
-    .with_options(opts)
-    .build()
-    .expect("resolver")
-}
-
 /// The response code of one A query over UDP.
 async fn rcode(server: SocketAddr, name: &str) -> ResponseCode {
     let mut query = Message::new(4242, MessageType::Query, OpCode::Query);
@@ -1056,7 +1028,7 @@ async fn the_dns_server_serves_with_exactly_its_shipped_role_and_servfails_witho
         synced.load(Ordering::Acquire).then_some(())
     })
     .await;
-    let ips: Vec<IpAddr> = resolver(addr)
+    let ips: Vec<IpAddr> = support::dns_resolver(addr)
         .lookup_ip(name.as_str())
         .await
         .expect("A record")

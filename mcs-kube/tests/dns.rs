@@ -9,9 +9,6 @@ use std::net::{IpAddr, SocketAddr};
 use std::process::Command;
 use std::time::Duration;
 
-use hickory_resolver::Resolver;
-use hickory_resolver::config::{NameServerConfig, ResolverConfig, ResolverOpts};
-use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::proto::rr::RecordType;
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
@@ -124,23 +121,6 @@ fn sorted_lines(s: &str) -> Vec<String> {
     v
 }
 
-fn resolver(server: SocketAddr) -> Resolver<TokioRuntimeProvider> {
-    let mut ns = NameServerConfig::udp_and_tcp(server.ip());
-    for c in &mut ns.connections {
-        c.port = server.port();
-    }
-    let mut opts = ResolverOpts::default();
-    opts.cache_size = 0;
-    opts.ndots = 0;
-    Resolver::builder_with_config(
-        ResolverConfig::from_parts(None, vec![], vec![ns]),
-        TokioRuntimeProvider::default(),
-    )
-    .with_options(opts)
-    .build()
-    .expect("resolver")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dns_conformance_22_to_27_against_a_real_api_server() {
     let cluster = start_cluster(
@@ -238,7 +218,7 @@ async fn dns_conformance_22_to_27_against_a_real_api_server() {
         )),
         ["fd00::10"]
     );
-    let r = resolver(addr);
+    let r = support::dns_resolver(addr);
     let ips: Vec<IpAddr> = r
         .lookup_ip("hello.demo.svc.clusterset.local.")
         .await

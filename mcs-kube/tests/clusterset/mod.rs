@@ -283,6 +283,15 @@ pub async fn unexport(client: &Client, ns: &str, name: &str) {
         .expect("delete ServiceExport");
 }
 
+/// The cluster names in an import's status.
+pub fn clusters_of(si: &ServiceImport) -> Vec<String> {
+    si.status
+        .as_ref()
+        .and_then(|s| s.clusters.as_ref())
+        .map(|c| c.iter().map(|c| c.cluster.clone()).collect())
+        .unwrap_or_default()
+}
+
 /// Waits until the ServiceImport exists and `pred` holds.
 pub async fn wait_import(
     client: &Client,
