@@ -788,34 +788,25 @@ async fn assert_no_orphans(set: &ClusterSet) {
     }
 }
 
+/// Deletes the objects of `api` that carry the agent's managed-by label.
+async fn delete_managed<K>(api: Api<K>)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    for o in api.list(&ListParams::default()).await.unwrap().items {
+        if is_managed(o.meta().labels.as_ref()) {
+            let name = o.meta().name.clone().unwrap_or_default();
+            let _ = api.delete(&name, &DeleteParams::default()).await;
+        }
+    }
+}
+
 /// Deletes everything the agents created and clears the export conditions they wrote.
 async fn wipe(client: &Client) {
+    delete_managed(Api::<EndpointSlice>::namespaced(client.clone(), NS)).await;
+    delete_managed(Api::<Service>::namespaced(client.clone(), NS)).await;
+    delete_managed(Api::<ServiceImport>::namespaced(client.clone(), NS)).await;
     let lp = ListParams::default();
-    let dp = DeleteParams::default();
-    let slices = Api::<EndpointSlice>::namespaced(client.clone(), NS);
-    for s in slices.list(&lp).await.unwrap().items {
-        if is_managed(s.metadata.labels.as_ref()) {
-            let _ = slices
-                .delete(s.metadata.name.as_deref().unwrap(), &dp)
-                .await;
-        }
-    }
-    let services = Api::<Service>::namespaced(client.clone(), NS);
-    for s in services.list(&lp).await.unwrap().items {
-        if is_managed(s.metadata.labels.as_ref()) {
-            let _ = services
-                .delete(s.metadata.name.as_deref().unwrap(), &dp)
-                .await;
-        }
-    }
-    let imports = Api::<ServiceImport>::namespaced(client.clone(), NS);
-    for s in imports.list(&lp).await.unwrap().items {
-        if is_managed(s.metadata.labels.as_ref()) {
-            let _ = imports
-                .delete(s.metadata.name.as_deref().unwrap(), &dp)
-                .await;
-        }
-    }
     let exports = Api::<ServiceExport>::namespaced(client.clone(), NS);
     for s in exports.list(&lp).await.unwrap().items {
         exports
