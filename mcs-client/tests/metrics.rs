@@ -3,7 +3,6 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -68,30 +67,39 @@ impl Recorder for TestRecorder {
     }
 }
 
-#[test]
-fn picks_outcomes_endpoints_and_errors_are_counted() {
-    let recorder = TestRecorder::default();
-    // A current-thread runtime: the discovery task runs on this thread, where the recorder is.
+/// One endpoint in east (the caller's cluster), one in west.
+const EAST: &str = "127.10.0.1:9443";
+const WEST: &str = "127.20.0.1:9443";
+
+/// On a current-thread runtime with `recorder` installed (the discovery task runs on this
+/// thread, where the recorder is): sends a GET for each path through the layer to an inner
+/// service answering `status(request)`, then runs `after` on the resolver and lets the
+/// discovery task see it. Returns the statuses.
+fn drive(
+    recorder: &TestRecorder,
+    paths: &[&str],
+    status: fn(&Request<String>) -> u16,
+    after: impl FnOnce(&StaticResolver),
+) -> Vec<u16> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    metrics::with_local_recorder(&recorder, || {
+    metrics::with_local_recorder(recorder, || {
         runtime.block_on(async {
             mcs_client::metrics::describe();
-            let east = Endpoint::ready(SocketAddr::from(([127, 10, 0, 1], 9443)), cluster("east"));
-            let west = Endpoint::ready(SocketAddr::from(([127, 20, 0, 1], 9443)), cluster("west"));
             let resolver = StaticResolver::new();
-            resolver.set(&target(9443), [east, west]);
-            let inner = tower::service_fn(|req: Request<String>| async move {
-                let status = if req.uri().path() == "/fail" {
-                    503
-                } else {
-                    200
-                };
+            resolver.set(
+                &target(9443),
+                [
+                    Endpoint::ready(EAST.parse().unwrap(), cluster("east")),
+                    Endpoint::ready(WEST.parse().unwrap(), cluster("west")),
+                ],
+            );
+            let inner = tower::service_fn(move |req: Request<String>| async move {
                 Ok::<_, std::convert::Infallible>(
                     Response::builder()
-                        .status(status)
+                        .status(status(&req))
                         .body(String::new())
                         .unwrap(),
                 )
@@ -102,16 +110,36 @@ fn picks_outcomes_endpoints_and_errors_are_counted() {
                     Locality::cluster(cluster("east")),
                 ))
                 .service(inner);
-            for path in ["/ok"; 9].into_iter().chain(["/fail"]) {
+            let mut statuses = Vec::new();
+            for path in paths {
                 let req = Request::get(format!("http://{HOST}:9443{path}"))
                     .body(String::new())
                     .unwrap();
-                svc.clone().oneshot(req).await.unwrap();
+                statuses.push(svc.clone().oneshot(req).await.unwrap().status().as_u16());
             }
-            resolver.fail(&target(9443), "watch broken");
+            after(&resolver);
             tokio::task::yield_now().await;
-        });
-    });
+            statuses
+        })
+    })
+}
+
+#[test]
+fn picks_outcomes_endpoints_and_errors_are_counted() {
+    let recorder = TestRecorder::default();
+    let paths: Vec<&str> = ["/ok"; 9].into_iter().chain(["/fail"]).collect();
+    drive(
+        &recorder,
+        &paths,
+        |req| {
+            if req.uri().path() == "/fail" {
+                503
+            } else {
+                200
+            }
+        },
+        |resolver| resolver.fail(&target(9443), "watch broken"),
+    );
     let labels = "port=9443,service=loyalty/loyalty-accrual";
     assert_eq!(
         recorder.counter(&format!("mcs_client_picks_total{{{labels},tier=1}}")),
@@ -163,48 +191,21 @@ fn picks_outcomes_endpoints_and_errors_are_counted() {
 #[test]
 fn ejections_are_counted_as_they_happen() {
     let recorder = TestRecorder::default();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let east_addr = SocketAddr::from(([127, 10, 0, 1], 9443));
-    let served_by_west = metrics::with_local_recorder(&recorder, || {
-        runtime.block_on(async {
-            let east = Endpoint::ready(east_addr, cluster("east"));
-            let west = Endpoint::ready(SocketAddr::from(([127, 20, 0, 1], 9443)), cluster("west"));
-            let resolver = StaticResolver::new();
-            resolver.set(&target(9443), [east, west]);
-            // East (the local cluster) answers 503, west 200.
-            let inner = tower::service_fn(move |req: Request<String>| async move {
-                let east = req.uri().authority().map(|a| a.as_str()) == Some("127.10.0.1:9443");
-                Ok::<_, std::convert::Infallible>(
-                    Response::builder()
-                        .status(if east { 503 } else { 200 })
-                        .body(String::new())
-                        .unwrap(),
-                )
-            });
-            let svc = ServiceBuilder::new()
-                .layer(McsLayer::new(
-                    resolver.clone(),
-                    Locality::cluster(cluster("east")),
-                ))
-                .service(inner);
-            let mut statuses = Vec::new();
-            for _ in 0..10 {
-                let req = Request::get(format!("http://{HOST}:9443/accrue"))
-                    .body(String::new())
-                    .unwrap();
-                statuses.push(svc.clone().oneshot(req).await.unwrap().status().as_u16());
+    // East (the local cluster) answers 503, west 200.
+    let statuses = drive(
+        &recorder,
+        &["/accrue"; 10],
+        |req| {
+            if req.uri().authority().map(|a| a.as_str()) == Some(EAST) {
+                503
+            } else {
+                200
             }
-            statuses
-        })
-    });
-    // Five consecutive failures eject the local endpoint; the rest spill to west.
-    assert_eq!(
-        served_by_west,
-        [503, 503, 503, 503, 503, 200, 200, 200, 200, 200]
+        },
+        |_| {},
     );
+    // Five consecutive failures eject the local endpoint; the rest spill to west.
+    assert_eq!(statuses, [503, 503, 503, 503, 503, 200, 200, 200, 200, 200]);
     let labels = "port=9443,service=loyalty/loyalty-accrual";
     assert_eq!(
         recorder.counter(&format!(

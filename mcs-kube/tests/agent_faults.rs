@@ -75,15 +75,7 @@ struct Agents {
 
 impl Agents {
     fn new(set: &ClusterSet) -> Self {
-        let direct: Vec<Member> = set
-            .ids
-            .iter()
-            .zip(&set.clients)
-            .map(|(id, client)| Member {
-                id: id.clone(),
-                client: client.clone(),
-            })
-            .collect();
+        let direct = set.members();
         Self {
             ids: set.ids.clone(),
             members: vec![direct; set.ids.len()],

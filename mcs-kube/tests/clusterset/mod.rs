@@ -105,16 +105,20 @@ impl ClusterSet {
         set
     }
 
-    fn spawn_agent(&self, i: usize) -> (oneshot::Sender<()>, JoinHandle<()>) {
-        let members = self
-            .ids
+    /// Every cluster as an agent member, reached directly with the admin client.
+    pub fn members(&self) -> Vec<Member> {
+        self.ids
             .iter()
             .zip(&self.clients)
             .map(|(id, client)| Member {
                 id: id.clone(),
                 client: client.clone(),
             })
-            .collect();
+            .collect()
+    }
+
+    fn spawn_agent(&self, i: usize) -> (oneshot::Sender<()>, JoinHandle<()>) {
+        let members = self.members();
         let config = AgentConfig::new(self.ids[i].clone(), members)
             .unreachable_grace(self.grace)
             .resync(Duration::from_secs(30))
