@@ -184,6 +184,11 @@ impl EndpointTable {
         self.endpoints.values()
     }
 
+    /// The endpoint at `addr`, if any.
+    pub fn get(&self, addr: &SocketAddr) -> Option<&Endpoint> {
+        self.endpoints.get(addr)
+    }
+
     /// Number of endpoints.
     pub fn len(&self) -> usize {
         self.endpoints.len()

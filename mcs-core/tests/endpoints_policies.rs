@@ -50,7 +50,11 @@ fn load_all_but(b: &Balancer, idle: SocketAddr, load: u32, t0: Instant) -> Vec<P
     {
         r += 1;
         let p = b.pick(PickContext::new(mix(r), t0)).unwrap();
-        if p.addr() == idle || p.state().in_flight() > load {
+        let in_flight = snap
+            .find(p.addr())
+            .expect("picked from this set")
+            .in_flight();
+        if p.addr() == idle || in_flight > load {
             drop(p);
         } else {
             held.push(p);

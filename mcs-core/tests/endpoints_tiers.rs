@@ -133,10 +133,12 @@ fn distribution(b: &Balancer, now: Instant, n: u32, tiers: usize) -> (Vec<f64>, 
     let mut rng = Rng(7);
     let mut counts = vec![0u32; tiers];
     let mut ejected = vec![false; tiers];
+    let snap = b.snapshot();
     for _ in 0..n {
         let p = b.pick(PickContext::new(rng.next(), now)).unwrap();
         counts[p.tier()] += 1;
-        ejected[p.tier()] |= p.state().is_ejected(now);
+        let state = snap.tiers()[p.tier()].iter().find(|s| p.is_on(s));
+        ejected[p.tier()] |= state.expect("picked from this set").is_ejected(now);
     }
     (
         counts
@@ -436,8 +438,9 @@ fn not_ready_and_terminating_are_left_out() {
     // No ready endpoint left: serving-but-terminating ones are used (KEP-1669).
     b.apply(Update::Remove(vec![ready.addr]));
     assert!(b.snapshot().serving_terminating());
+    let mut rng = Rng(1);
     let picked: BTreeSet<_> = (0..50)
-        .map(|r| b.pick(PickContext::new(r, t0)).unwrap().addr())
+        .map(|_| b.pick(PickContext::new(rng.next(), t0)).unwrap().addr())
         .collect();
     assert!(picked.contains(&draining.addr) && !picked.contains(&not_ready.addr));
     // Nothing serving at all.

@@ -1,5 +1,6 @@
 //! The balancer: snapshot publication off the request path, picks on it.
 
+use std::cell::RefCell;
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -7,11 +8,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use arc_swap::{ArcSwap, Guard};
+use thread_local::ThreadLocal;
 
 use super::config::{BalancerConfig, Locality, Policy};
 use super::hash::{self, mix64};
-use super::snapshot::Snapshot;
-use super::state::{EndpointState, Shared};
+use super::layout::Tier;
+use super::snapshot::{Builder, Rules, Snapshot};
+use super::state::{EndpointState, Live, Shared};
 use crate::ClusterId;
 use crate::discovery::{Endpoint, EndpointTable, Update};
 
@@ -78,19 +81,20 @@ impl PickContext {
 /// recorded).
 #[derive(Debug)]
 pub struct Picked {
-    state: Arc<EndpointState>,
+    /// Holding it is what counts the request in flight (see [`EndpointState`]).
+    live: Arc<Live>,
     tier: usize,
 }
 
 impl Picked {
     /// Where to send the request.
     pub fn addr(&self) -> SocketAddr {
-        self.state.endpoint().addr
+        self.live.endpoint().addr
     }
 
     /// The endpoint.
     pub fn endpoint(&self) -> &Endpoint {
-        self.state.endpoint()
+        self.live.endpoint()
     }
 
     /// The tier it was picked from (0 is the most preferred; see
@@ -99,9 +103,10 @@ impl Picked {
         self.tier
     }
 
-    /// The endpoint's live state.
-    pub fn state(&self) -> &EndpointState {
-        &self.state
+    /// Whether this pick is counted in flight on `state` (the state the endpoint had
+    /// when it was picked; see [`Snapshot::find`]).
+    pub fn is_on(&self, state: &EndpointState) -> bool {
+        state.holds(&self.live)
     }
 
     /// Records the request's outcome and latency, and returns whether this outcome
@@ -109,15 +114,9 @@ impl Picked {
     /// handful of atomics and one `exp` (the peak-EWMA decay); no lock, allocation or
     /// clock read.
     pub fn complete(self, outcome: Outcome, latency: Duration, now: Instant) -> bool {
-        let now = self.state.shared().nanos(now);
-        self.state.record(outcome == Outcome::Success, latency, now)
-        // Dropping `self` decrements the in-flight count.
-    }
-}
-
-impl Drop for Picked {
-    fn drop(&mut self) {
-        self.state.end();
+        let now = self.live.shared().nanos(now);
+        self.live.record(outcome == Outcome::Success, latency, now)
+        // Dropping `self` ends the request's in-flight count.
     }
 }
 
@@ -143,6 +142,12 @@ impl Drop for Picked {
 #[derive(Debug)]
 pub struct Balancer {
     snapshot: ArcSwap<Snapshot>,
+    /// Bumped after every publication, so a thread's cached snapshot is checked with one
+    /// load.
+    version: CachePadded<AtomicU64>,
+    /// Each picking thread's copy of the current snapshot and the version it was taken
+    /// at (arc-swap's `Cache`, per thread).
+    cache: ThreadLocal<RefCell<Cached>>,
     shared: Arc<Shared>,
     policy: Policy,
     rr: CachePadded<AtomicU64>,
@@ -151,12 +156,20 @@ pub struct Balancer {
     update: Mutex<UpdateState>,
 }
 
+#[derive(Debug)]
+struct Cached {
+    version: u64,
+    snapshot: Arc<Snapshot>,
+}
+
 #[derive(Debug, Default)]
 struct UpdateState {
     table: EndpointTable,
     eligible: Option<BTreeSet<ClusterId>>,
+    /// The published tiers and pick-set counts, edited in place by each publication.
+    builder: Builder,
     /// The snapshot before the current one, kept until the next publication so that a
-    /// pick still holding it never drops the last reference (an O(n) free) itself.
+    /// pick still holding it rarely drops the last reference itself.
     replaced: Option<Arc<Snapshot>>,
 }
 
@@ -166,6 +179,8 @@ impl Balancer {
     pub fn new(locality: Locality, config: BalancerConfig, base: Instant) -> Self {
         Self {
             snapshot: ArcSwap::from_pointee(Snapshot::default()),
+            version: CachePadded(AtomicU64::new(0)),
+            cache: ThreadLocal::new(),
             shared: Arc::new(Shared::new(&config, base)),
             policy: config.policy,
             rr: CachePadded(AtomicU64::new(0)),
@@ -189,12 +204,33 @@ impl Balancer {
     /// publishes at most one snapshot. Returns whether anything changed.
     pub fn apply_all(&self, updates: impl IntoIterator<Item = Update>) -> bool {
         let mut st = self.lock();
+        let st = &mut *st;
         let mut changed = false;
+        // The addresses `Add`s and `Remove`s touch, with their entries before this call,
+        // so the snapshot can be rebuilt for just those; `None` after a `Reset` or
+        // `DoesNotExist`, which rebuild it all.
+        let mut touched: Option<Vec<(SocketAddr, Option<Endpoint>)>> = Some(Vec::new());
         for update in updates {
+            let before = |addr: &SocketAddr| (*addr, st.table.get(addr).cloned());
+            match (&update, touched.as_mut()) {
+                (Update::Add(list), Some(touched)) => {
+                    touched.extend(list.iter().map(|e| before(&e.addr)));
+                }
+                (Update::Remove(addrs), Some(touched)) => {
+                    touched.extend(addrs.iter().map(before));
+                }
+                (Update::Reset(_) | Update::DoesNotExist, _) => touched = None,
+                (_, None) => {}
+            }
             changed |= st.table.apply(update);
         }
         if changed {
-            self.publish(&mut st);
+            if let Some(touched) = touched.as_mut() {
+                // The first entry of each address is its state before this call.
+                touched.sort_by_key(|&(addr, _)| addr);
+                touched.dedup_by_key(|&mut (addr, _)| addr);
+            }
+            self.publish(st, touched.as_deref());
         }
         changed
     }
@@ -207,8 +243,9 @@ impl Balancer {
             return false;
         }
         st.eligible = clusters;
+        st.builder.invalidate();
         if st.table.exists().is_some() {
-            self.publish(&mut st);
+            self.publish(&mut st, None);
         }
         true
     }
@@ -220,12 +257,55 @@ impl Balancer {
 
     /// Picks an endpoint for one request.
     ///
-    /// Cost (see `benches/endpoint_selection.rs`): one `ArcSwap` load, a few relaxed
-    /// loads, two candidate reads for p2c, one RMW on the endpoint's in-flight count and
-    /// one on its `Arc` count; no lock, allocation or clock read. After an ejection, or
-    /// once one expires, the first pick also recomputes the tier shares (O(n)).
+    /// Cost (see `benches/endpoint_selection.rs`): one load to check this thread's cached
+    /// snapshot against the current one, a few relaxed loads, two candidate reads for p2c,
+    /// and one RMW on the endpoint's in-flight count (one more when the guard is dropped);
+    /// no lock, clock read or allocation (except for the first pick on a thread, which
+    /// makes that thread's cache entry). After an ejection, or once one expires, the
+    /// first pick also recomputes the tier shares (O(n)).
+    ///
+    /// Each thread that picks keeps the snapshot it last used until its next pick, so a
+    /// replaced snapshot lives on until every such thread has picked again.
     pub fn pick(&self, ctx: PickContext) -> Result<Picked, PickError> {
-        let snap = self.snapshot.load();
+        let version = self.version.0.load(Ordering::Acquire);
+        let cell = match self.cache.get() {
+            Some(cell) => cell,
+            None => self.new_cache_entry(),
+        };
+        let mut cached;
+        let guard;
+        let snap: &Snapshot = match cell.try_borrow_mut() {
+            Ok(entry) => {
+                cached = entry;
+                if cached.version != version {
+                    cached.snapshot = self.snapshot.load_full();
+                    cached.version = version;
+                }
+                &cached.snapshot
+            }
+            // Only if a pick re-entered on this thread (a pick never calls out).
+            Err(_) => {
+                guard = self.snapshot.load();
+                &guard
+            }
+        };
+        self.pick_from(snap, ctx)
+    }
+
+    /// This thread's cache entry, made on its first pick.
+    #[cold]
+    #[inline(never)]
+    fn new_cache_entry(&self) -> &RefCell<Cached> {
+        self.cache.get_or(|| {
+            RefCell::new(Cached {
+                version: 0,
+                snapshot: self.snapshot.load_full(),
+            })
+        })
+    }
+
+    #[inline(always)]
+    fn pick_from(&self, snap: &Snapshot, ctx: PickContext) -> Result<Picked, PickError> {
         match snap.exists() {
             None => return Err(PickError::NotResolved),
             Some(false) => return Err(PickError::DoesNotExist),
@@ -256,7 +336,7 @@ impl Balancer {
         let usable = |s: &EndpointState| panic || s.usable(now);
         let index = match ctx.affinity {
             Some(key) => match snap.ring(tier_index) {
-                Some(ring) => ring.lookup(key, |i| usable(&tier[i])).unwrap_or(0),
+                Some(ring) => ring.lookup(key, |i| usable(tier.at(i))).unwrap_or(0),
                 None => hash::rendezvous(tier, key, usable),
             },
             None => match self.policy {
@@ -275,10 +355,8 @@ impl Balancer {
                 }
             },
         };
-        let state = &tier[index];
-        state.begin();
         Ok(Picked {
-            state: Arc::clone(state),
+            live: tier.at(index).begin(),
             tier: tier_index,
         })
     }
@@ -313,7 +391,7 @@ impl Balancer {
         snapshot
             .tiers()
             .iter()
-            .flatten()
+            .flat_map(Tier::iter)
             .filter(|state| state.is_ejected(now))
             .count()
     }
@@ -329,38 +407,33 @@ impl Balancer {
         self.update.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn publish(&self, st: &mut UpdateState) {
+    fn publish(&self, st: &mut UpdateState, changed: Option<&[(SocketAddr, Option<Endpoint>)]>) {
         // Only publishers (holding the update lock) replace the snapshot, so this is the
         // one the new snapshot replaces.
         let previous = self.snapshot.load_full();
-        let snapshot = Snapshot::build(
-            &st.table,
-            &self.config,
-            st.eligible.as_ref(),
-            &self.locality,
-            &self.shared,
-            &previous,
-        );
+        let rules = Rules {
+            config: &self.config,
+            eligible: st.eligible.as_ref(),
+            locality: &self.locality,
+        };
+        let snapshot = Snapshot::build(&st.table, changed, &rules, &self.shared, &mut st.builder);
         self.snapshot.store(Arc::new(snapshot));
+        self.version.0.fetch_add(1, Ordering::Release);
         st.replaced = Some(previous);
     }
 
     /// Round robin over `tier`, skipping unusable endpoints. Cost: one shared RMW and a
     /// 32-bit division; a scan only past ejected endpoints.
     #[inline]
-    fn round_robin(
-        &self,
-        tier: &[Arc<EndpointState>],
-        usable: &impl Fn(&EndpointState) -> bool,
-    ) -> usize {
+    fn round_robin(&self, tier: &Tier, usable: &impl Fn(&EndpointState) -> bool) -> usize {
         let n = tier.len();
         let start = (self.rr.0.fetch_add(1, Ordering::Relaxed) as u32 % n as u32) as usize;
-        if usable(&tier[start]) {
+        if usable(tier.at(start)) {
             return start;
         }
         (1..n)
             .map(|i| (start + i) % n)
-            .find(|&i| usable(&tier[i]))
+            .find(|&i| usable(tier.at(i)))
             .unwrap_or(start)
     }
 }
@@ -382,9 +455,9 @@ pub(crate) fn p2c_pair(random: u64, n: usize) -> (usize, usize) {
 /// Power of two choices: the cheaper of two distinct random endpoints, preferring usable
 /// ones. Cost: two candidate reads; when both candidates are ejected, up to two more
 /// pairs, then a scan.
-#[inline]
+#[inline(always)]
 fn p2c<C: PartialOrd>(
-    tier: &[Arc<EndpointState>],
+    tier: &Tier,
     random: u64,
     usable: &impl Fn(&EndpointState) -> bool,
     cost: impl Fn(&EndpointState) -> C,
@@ -396,13 +469,10 @@ fn p2c<C: PartialOrd>(
     let mut r = random;
     for _ in 0..3 {
         let (a, b) = p2c_pair(r, n);
-        match (usable(&tier[a]), usable(&tier[b])) {
+        let (sa, sb) = (tier.at(a), tier.at(b));
+        match (usable(sa), usable(sb)) {
             (true, true) => {
-                return if cost(&tier[b]) < cost(&tier[a]) {
-                    b
-                } else {
-                    a
-                };
+                return if cost(sb) < cost(sa) { b } else { a };
             }
             (true, false) => return a,
             (false, true) => return b,
@@ -412,7 +482,7 @@ fn p2c<C: PartialOrd>(
     let start = p2c_pair(random, n).0;
     (1..n)
         .map(|i| (start + i) % n)
-        .find(|&i| usable(&tier[i]))
+        .find(|&i| usable(tier.at(i)))
         .unwrap_or(start)
 }
 

@@ -13,8 +13,8 @@
 //! (rendezvous), so a key moves only while its endpoint is out.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 
+use super::layout::Tier;
 use super::state::EndpointState;
 
 /// The splitmix64 finalizer: a fast bijective mixer.
@@ -49,7 +49,7 @@ pub(crate) struct Ring {
 impl Ring {
     /// Builds the ring: `vnodes(n)` points per endpoint. Cost: O(n log n), off the request
     /// path.
-    pub(crate) fn build(tier: &[Arc<EndpointState>]) -> Self {
+    pub(crate) fn build(tier: &Tier) -> Self {
         let per = vnodes(tier.len());
         let mut points = Vec::with_capacity(tier.len() * per);
         for (index, state) in tier.iter().enumerate() {
@@ -87,11 +87,7 @@ impl Ring {
 
 /// Rendezvous hashing over `tier`: the usable endpoint with the highest score for `key`
 /// (none usable: the highest overall). Cost: O(n) mixes, no allocation.
-pub(crate) fn rendezvous(
-    tier: &[Arc<EndpointState>],
-    key: u64,
-    usable: impl Fn(&EndpointState) -> bool,
-) -> usize {
+pub(crate) fn rendezvous(tier: &Tier, key: u64, usable: impl Fn(&EndpointState) -> bool) -> usize {
     let h = mix64(key);
     let mut best = (false, 0u64, 0usize);
     for (index, state) in tier.iter().enumerate() {

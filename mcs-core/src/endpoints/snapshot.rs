@@ -1,5 +1,5 @@
 //! Immutable endpoint snapshots: the pick set, grouped into tiers, built from the folded
-//! discovery table and the live state of the previous snapshot.
+//! discovery table and the writer's layout of the previous snapshot.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 
 use super::config::{BalancerConfig, Locality, TrafficDistribution};
 use super::hash::Ring;
+use super::layout::{Layout, Tier};
 use super::plan::Plan;
 use super::state::{EndpointState, RETIRED, Shared};
 use crate::ClusterId;
@@ -23,7 +24,7 @@ use crate::discovery::{Endpoint, EndpointTable};
 /// endpoints in that zone when there is any.
 #[derive(Debug)]
 pub struct Snapshot {
-    tiers: Vec<Vec<Arc<EndpointState>>>,
+    tiers: Vec<Tier>,
     exists: Option<bool>,
     len: usize,
     serving_terminating: bool,
@@ -47,8 +48,12 @@ impl Default for Snapshot {
 impl Snapshot {
     /// The tiers, highest priority first. Indices are fixed by the
     /// [`Tiering`](super::Tiering) (for `LocalFirst`: 0 same zone, 1 same cluster,
-    /// 2 other clusters), so a tier may be empty. Each tier is ordered by address.
-    pub fn tiers(&self) -> &[Vec<Arc<EndpointState>>] {
+    /// 2 other clusters), so a tier may be empty.
+    ///
+    /// Positions in a tier are stable: an endpoint keeps its position while it stays in
+    /// the tier, one that leaves is replaced by the tier's last endpoint, and new ones are
+    /// appended. A tier built from scratch is in address order.
+    pub fn tiers(&self) -> &[Tier] {
         &self.tiers
     }
 
@@ -87,7 +92,7 @@ impl Snapshot {
     pub fn find(&self, addr: SocketAddr) -> Option<&Arc<EndpointState>> {
         self.tiers
             .iter()
-            .flatten()
+            .flat_map(Tier::iter)
             .find(|s| s.endpoint().addr == addr)
     }
 
@@ -139,65 +144,66 @@ impl Snapshot {
         self.plan.unlock();
     }
 
-    /// Builds the snapshot for `table`, carrying live state over from `previous` (the
-    /// snapshot it replaces). Both are walked in address order, so carrying state over is
-    /// a merge, not a hash lookup, and costs one `Arc` count per endpoint. Cost: O(n),
-    /// plus O(n log n) for rings; off the request path.
+    /// Builds the snapshot for `table` with the writer's `builder`, which carries live
+    /// state over for every endpoint that stays and copies only the chunks a change
+    /// touches (see the `layout` module). `changed` lists the addresses whose table entry
+    /// changed since the last build, with the entry they had then; `None` asks for a full
+    /// pass. Cost: O(k log n) for k changed addresses while the pick-set rules give the
+    /// same mode (ready or serving-terminating, zone-narrowed or not), O(n) otherwise;
+    /// plus O(n log n) for rings. Off the request path.
     pub(crate) fn build(
         table: &EndpointTable,
-        config: &BalancerConfig,
-        eligible: Option<&BTreeSet<ClusterId>>,
-        locality: &Locality,
+        changed: Option<&[(SocketAddr, Option<Endpoint>)]>,
+        rules: &Rules<'_>,
         shared: &Arc<Shared>,
-        previous: &Snapshot,
+        builder: &mut Builder,
     ) -> Self {
-        let tiering = &config.tiering;
-        let pick_set = |keep: fn(&Endpoint) -> bool| -> Vec<(&Endpoint, usize)> {
-            table
-                .endpoints()
-                .filter(|e| keep(e) && eligible.is_none_or(|set| set.contains(&e.cluster)))
-                .filter_map(|e| tiering.tier_of(locality, e).map(|t| (e, t)))
-                .collect()
-        };
-        let mut set = pick_set(|e| e.ready && !e.terminating);
-        let serving_terminating = set.is_empty();
-        if serving_terminating {
-            set = pick_set(|e| e.serving && e.terminating);
-        }
-        if config.traffic_distribution == Some(TrafficDistribution::PreferSameZone)
-            && set.iter().any(|(e, _)| locality.same_zone(e))
-        {
-            set.retain(|(e, _)| locality.same_zone(e));
-        }
-
-        let mut sizes = vec![0usize; tiering.tier_count()];
-        for &(_, tier) in &set {
-            sizes[tier] += 1;
-        }
-        let mut tiers: Vec<Vec<Arc<EndpointState>>> =
-            sizes.iter().map(|&n| Vec::with_capacity(n)).collect();
-        let len = set.len();
-        let mut old = InOrder::new(&previous.tiers);
-        // `set` is in address order (the table's), like every tier of `previous`.
-        for (endpoint, tier) in set {
-            let state = match old.take(tier, endpoint.addr) {
-                Some(old) if old.endpoint() == endpoint => Arc::clone(old),
-                Some(old)
-                    if old.endpoint().cluster == endpoint.cluster
-                        && old.endpoint().zone == endpoint.zone =>
-                {
-                    Arc::new(old.successor(endpoint.clone()))
+        let tier_count = rules.config.tiering.tier_count();
+        let incremental = changed
+            .filter(|_| builder.mode.is_some())
+            .and_then(|changed| {
+                let mut counts = builder.counts;
+                for (addr, old) in changed {
+                    counts.count(old.as_ref().and_then(|e| rules.class(e)), -1);
+                    counts.count(table.get(addr).and_then(|e| rules.class(e)), 1);
                 }
-                old => {
-                    if let Some(old) = old {
-                        old.retire();
-                    }
-                    Arc::new(EndpointState::new(endpoint.clone(), Arc::clone(shared)))
+                let mode = counts.mode(rules.prefer_same_zone());
+                (Some(mode) == builder.mode).then_some((changed, counts))
+            });
+        match incremental {
+            Some((changed, counts)) => {
+                let mode = builder.mode.unwrap_or_default();
+                for (addr, _) in changed {
+                    let desired = table.get(addr).and_then(|e| {
+                        let class = rules.class(e)?;
+                        mode.admits(class).then_some((e, class.tier))
+                    });
+                    builder.layout.apply(tier_count, *addr, desired, shared);
                 }
-            };
-            tiers[tier].push(state);
+                builder.counts = counts;
+            }
+            None => {
+                let mut counts = Counts::default();
+                let classes: Vec<(&Endpoint, Class)> = table
+                    .endpoints()
+                    .filter_map(|e| rules.class(e).map(|c| (e, c)))
+                    .inspect(|&(_, c)| counts.count(Some(c), 1))
+                    .collect();
+                let mode = counts.mode(rules.prefer_same_zone());
+                let set: Vec<(&Endpoint, usize)> = classes
+                    .into_iter()
+                    .filter(|&(_, c)| mode.admits(c))
+                    .map(|(e, c)| (e, c.tier))
+                    .collect();
+                builder.layout.update(tier_count, &set, shared);
+                builder.counts = counts;
+                builder.mode = Some(mode);
+            }
         }
-        old.retire_rest();
+        let config = rules.config;
+        let tiers = builder.layout.tiers(tier_count);
+        let len = tiers.iter().map(Tier::len).sum();
+        let serving_terminating = builder.mode.is_some_and(|m| m.serving_terminating);
 
         // The cap follows the set; if it shrank below the ejected count, the ejections
         // that end first end now.
@@ -206,7 +212,7 @@ impl Snapshot {
         if ejected > cap {
             let mut holding: Vec<(u64, &Arc<EndpointState>)> = tiers
                 .iter()
-                .flatten()
+                .flat_map(Tier::iter)
                 .map(|s| (s.ejection_word(), s))
                 .filter(|&(until, _)| until != 0 && until != RETIRED)
                 .collect();
@@ -226,11 +232,11 @@ impl Snapshot {
             len,
             serving_terminating: serving_terminating && len > 0,
             rings: if config.session_affinity {
-                tiers.iter().map(|t| Ring::build(t)).collect()
+                tiers.iter().map(Ring::build).collect()
             } else {
                 Vec::new()
             },
-            plan: Plan::new(tiers.iter().map(Vec::len)),
+            plan: Plan::new(tiers.iter().map(Tier::len)),
             tiers,
         };
         snapshot.initial_plan(shared, config);
@@ -242,7 +248,15 @@ impl Snapshot {
     fn initial_plan(&self, shared: &Shared, config: &BalancerConfig) {
         let stamp = shared.generation.load(Ordering::Acquire);
         let mut next = u64::MAX;
+        let any_ejected = shared.ejected() > 0;
         for (i, tier) in self.tiers.iter().enumerate() {
+            if !any_ejected {
+                // No endpoint holds an ejection slot: all healthy, no scan (which would
+                // pull every state's cache line away from the pickers).
+                self.plan
+                    .set_healthy(i, u32::try_from(tier.len()).unwrap_or(u32::MAX));
+                continue;
+            }
             let mut healthy = 0u32;
             for state in tier {
                 match state.ejection_word() {
@@ -258,41 +272,116 @@ impl Snapshot {
     }
 }
 
-/// Cursors over the tiers of the snapshot being replaced, each in address order. An
-/// endpoint keeps its tier while its cluster and zone stay the same (the tiering is fixed
-/// for a balancer), so its old state is found in the same tier. Cost: amortized O(1) per
-/// step.
-struct InOrder<'a> {
-    heads: Vec<std::iter::Peekable<std::slice::Iter<'a, Arc<EndpointState>>>>,
+/// What decides whether an endpoint is in the pick set: the balancer's configuration,
+/// the eligible clusters and the caller's locality.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Rules<'a> {
+    pub(crate) config: &'a BalancerConfig,
+    pub(crate) eligible: Option<&'a BTreeSet<ClusterId>>,
+    pub(crate) locality: &'a Locality,
 }
 
-impl<'a> InOrder<'a> {
-    fn new(tiers: &'a [Vec<Arc<EndpointState>>]) -> Self {
-        Self {
-            heads: tiers.iter().map(|t| t.iter().peekable()).collect(),
+impl Rules<'_> {
+    /// The endpoint's standing, or `None` if it can never be picked (ineligible cluster,
+    /// no tier, or neither ready nor serving while terminating).
+    fn class(&self, e: &Endpoint) -> Option<Class> {
+        if self.eligible.is_some_and(|set| !set.contains(&e.cluster)) {
+            return None;
+        }
+        let ready = e.ready && !e.terminating;
+        if !(ready || e.serving && e.terminating) {
+            return None;
+        }
+        let tier = self.config.tiering.tier_of(self.locality, e)?;
+        Some(Class {
+            tier,
+            ready,
+            same_zone: self.locality.same_zone(e),
+        })
+    }
+
+    fn prefer_same_zone(&self) -> bool {
+        self.config.traffic_distribution == Some(TrafficDistribution::PreferSameZone)
+    }
+}
+
+/// An endpoint that may be picked: its tier, whether it is ready (or only serving while
+/// terminating), and whether it is in the caller's zone.
+#[derive(Clone, Copy, Debug)]
+struct Class {
+    tier: usize,
+    ready: bool,
+    same_zone: bool,
+}
+
+/// How many endpoints of the table are in each class, which decides the [`Mode`].
+#[derive(Clone, Copy, Debug, Default)]
+struct Counts {
+    ready: usize,
+    ready_same_zone: usize,
+    serving_terminating: usize,
+    serving_terminating_same_zone: usize,
+}
+
+impl Counts {
+    fn count(&mut self, class: Option<Class>, by: isize) {
+        let Some(class) = class else { return };
+        let (all, zone) = if class.ready {
+            (&mut self.ready, &mut self.ready_same_zone)
+        } else {
+            (
+                &mut self.serving_terminating,
+                &mut self.serving_terminating_same_zone,
+            )
+        };
+        *all = all.saturating_add_signed(by);
+        if class.same_zone {
+            *zone = zone.saturating_add_signed(by);
         }
     }
 
-    /// Retires every state of `tier` before `addr` and returns the one at `addr`, if
-    /// any. A state that moved to another tier is retired when that tier's cursor passes
-    /// it, or by [`InOrder::retire_rest`].
-    fn take(&mut self, tier: usize, addr: SocketAddr) -> Option<&'a Arc<EndpointState>> {
-        let head = self.heads.get_mut(tier)?;
-        while let Some(state) = head.peek() {
-            match state.endpoint().addr.cmp(&addr) {
-                std::cmp::Ordering::Less => state.retire(),
-                std::cmp::Ordering::Equal => return head.next(),
-                std::cmp::Ordering::Greater => return None,
-            }
-            head.next();
+    fn mode(&self, prefer_same_zone: bool) -> Mode {
+        let serving_terminating = self.ready == 0;
+        let same_zone = if serving_terminating {
+            self.serving_terminating_same_zone
+        } else {
+            self.ready_same_zone
+        };
+        Mode {
+            serving_terminating,
+            same_zone_only: prefer_same_zone && same_zone > 0,
         }
-        None
     }
+}
 
-    /// Retires every state not taken.
-    fn retire_rest(self) {
-        for state in self.heads.into_iter().flatten() {
-            state.retire();
-        }
+/// Which classes make up the pick set: ready endpoints, or serving-but-terminating ones
+/// when none is ready (KEP-1669); under `PreferSameZone`, only the caller's zone when it
+/// has any.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Mode {
+    serving_terminating: bool,
+    same_zone_only: bool,
+}
+
+impl Mode {
+    fn admits(self, class: Class) -> bool {
+        class.ready != self.serving_terminating && (!self.same_zone_only || class.same_zone)
+    }
+}
+
+/// The writer's state between builds (behind the balancer's update lock).
+#[derive(Debug, Default)]
+pub(crate) struct Builder {
+    layout: Layout,
+    counts: Counts,
+    /// The mode of the last build; `None` before the first (or after a reset), which
+    /// makes the next build a full pass.
+    mode: Option<Mode>,
+}
+
+impl Builder {
+    /// Makes the next build a full pass (for example when the eligible clusters change).
+    pub(crate) fn invalidate(&mut self) {
+        self.mode = None;
     }
 }

@@ -29,15 +29,26 @@ use crate::discovery::Endpoint;
 /// when other fields change (hostname, conditions) the latency estimate, failure count
 /// and ejection carry over to the successor. An endpoint that leaves the pick set (removed,
 /// not ready, ineligible) starts afresh if it comes back.
+///
+/// The in-flight count is the number of [`Picked`](super::Picked) guards holding the
+/// endpoint's live counters: a pick takes one reference and completing or dropping the
+/// guard gives it back, so begin and end are one atomic each and no separate counter is
+/// kept.
 #[derive(Debug)]
-#[repr(C)] // the fields a pick touches come first, next to the `Arc` counts
 pub struct EndpointState {
-    in_flight: AtomicU32,
+    live: Arc<Live>,
+}
+
+/// The counters a pick reads and a completion writes. Its `Arc` strong count is
+/// 1 (the owning [`EndpointState`]) plus the requests in flight.
+#[derive(Debug)]
+#[repr(C)] // the atomics a pick reads share the first cache line with the `Arc` counts
+pub(crate) struct Live {
     consecutive_failures: AtomicU32,
+    ejections: AtomicU32,
     ejected_until: AtomicU64,
     rtt_bits: AtomicU64,
     rtt_at: AtomicU64,
-    ejections: AtomicU32,
     last_ejection_end: AtomicU64,
     key: u64,
     shared: Arc<Shared>,
@@ -47,42 +58,41 @@ pub struct EndpointState {
 impl EndpointState {
     /// The endpoint.
     pub fn endpoint(&self) -> &Endpoint {
-        &self.endpoint
+        &self.live.endpoint
     }
 
     /// Requests currently in flight to this endpoint.
     pub fn in_flight(&self) -> u32 {
-        self.in_flight.load(Ordering::Relaxed)
+        self.load()
     }
 
     /// Failures in a row since the last success or ejection.
     pub fn consecutive_failures(&self) -> u32 {
-        self.consecutive_failures.load(Ordering::Relaxed)
+        self.live.consecutive_failures.load(Ordering::Relaxed)
     }
 
     /// The ejection multiplier: how many times the endpoint was ejected, less one for
     /// every base ejection time it has spent back in service (as of its last ejection).
     pub fn ejections(&self) -> u32 {
-        self.ejections.load(Ordering::Relaxed)
+        self.live.ejections.load(Ordering::Relaxed)
     }
 
     /// The peak-EWMA latency estimate (the configured default before any measurement).
     pub fn rtt_estimate(&self) -> Duration {
-        Duration::from_nanos(f64::from_bits(self.rtt_bits.load(Ordering::Relaxed)) as u64)
+        Duration::from_nanos(f64::from_bits(self.live.rtt_bits.load(Ordering::Relaxed)) as u64)
     }
 
     /// Whether the endpoint is ejected at `now`.
     pub fn is_ejected(&self, now: Instant) -> bool {
-        let until = self.ejected_until.load(Ordering::Acquire);
-        until != 0 && until != RETIRED && until > self.shared.nanos(now)
+        self.live.is_ejected(now)
     }
 
     /// When the current ejection ends, if the endpoint holds an ejection slot (possibly
     /// expired but not yet handed back).
     pub fn ejected_until(&self) -> Option<Instant> {
-        match self.ejected_until.load(Ordering::Acquire) {
+        match self.live.ejected_until.load(Ordering::Acquire) {
             0 | RETIRED => None,
-            until => Some(self.shared.base + Duration::from_nanos(until)),
+            until => Some(self.live.shared.base + Duration::from_nanos(until)),
         }
     }
 
@@ -91,21 +101,23 @@ impl EndpointState {
     /// [`Picked::complete`](super::Picked::complete) without the in-flight accounting.
     /// Returns whether this outcome ejected the endpoint.
     pub fn report(&self, outcome: Outcome, latency: Duration, now: Instant) -> bool {
-        self.record(outcome == Outcome::Success, latency, self.shared.nanos(now))
+        let live = &*self.live;
+        live.record(outcome == Outcome::Success, latency, live.shared.nanos(now))
     }
 
     pub(crate) fn new(endpoint: Endpoint, shared: Arc<Shared>) -> Self {
         Self {
-            in_flight: AtomicU32::new(0),
-            consecutive_failures: AtomicU32::new(0),
-            ejected_until: AtomicU64::new(0),
-            rtt_bits: AtomicU64::new(shared.default_rtt.to_bits()),
-            rtt_at: AtomicU64::new(0),
-            ejections: AtomicU32::new(0),
-            last_ejection_end: AtomicU64::new(0),
-            key: hash::addr_key(&endpoint.addr),
-            shared,
-            endpoint,
+            live: Arc::new(Live {
+                consecutive_failures: AtomicU32::new(0),
+                ejections: AtomicU32::new(0),
+                ejected_until: AtomicU64::new(0),
+                rtt_bits: AtomicU64::new(shared.default_rtt.to_bits()),
+                rtt_at: AtomicU64::new(0),
+                last_ejection_end: AtomicU64::new(0),
+                key: hash::addr_key(&endpoint.addr),
+                shared,
+                endpoint,
+            }),
         }
     }
 
@@ -113,51 +125,55 @@ impl EndpointState {
     /// and the ejection (with its slot) move over; in-flight requests keep counting on
     /// `self`, which is retired.
     pub(crate) fn successor(&self, endpoint: Endpoint) -> Self {
-        let next = Self::new(endpoint, Arc::clone(&self.shared));
+        let old = &*self.live;
+        let next = Self::new(endpoint, Arc::clone(&old.shared));
+        let new = &*next.live;
         let relaxed = Ordering::Relaxed;
-        next.rtt_bits.store(self.rtt_bits.load(relaxed), relaxed);
-        next.rtt_at.store(self.rtt_at.load(relaxed), relaxed);
-        next.consecutive_failures
-            .store(self.consecutive_failures.load(relaxed), relaxed);
-        next.ejections.store(self.ejections.load(relaxed), relaxed);
-        next.last_ejection_end
-            .store(self.last_ejection_end.load(relaxed), relaxed);
-        let until = self.ejected_until.swap(RETIRED, Ordering::AcqRel);
+        new.rtt_bits.store(old.rtt_bits.load(relaxed), relaxed);
+        new.rtt_at.store(old.rtt_at.load(relaxed), relaxed);
+        new.consecutive_failures
+            .store(old.consecutive_failures.load(relaxed), relaxed);
+        new.ejections.store(old.ejections.load(relaxed), relaxed);
+        new.last_ejection_end
+            .store(old.last_ejection_end.load(relaxed), relaxed);
+        let until = old.ejected_until.swap(RETIRED, Ordering::AcqRel);
         if until != RETIRED {
-            next.ejected_until.store(until, Ordering::Release);
+            new.ejected_until.store(until, Ordering::Release);
         }
         next
     }
 
     /// Takes the endpoint out of service for good, handing back its ejection slot.
     pub(crate) fn retire(&self) {
-        let until = self.ejected_until.swap(RETIRED, Ordering::AcqRel);
+        let live = &*self.live;
+        let until = live.ejected_until.swap(RETIRED, Ordering::AcqRel);
         if until != 0 && until != RETIRED {
-            self.shared.release();
+            live.shared.release();
         }
     }
 
     /// The raw ejection word (see the module docs).
     #[inline]
     pub(crate) fn ejection_word(&self) -> u64 {
-        self.ejected_until.load(Ordering::Acquire)
+        self.live.ejected_until.load(Ordering::Acquire)
     }
 
     /// Whether a pick may use the endpoint at `now`. Cost: one relaxed load.
     #[inline]
     pub(crate) fn usable(&self, now: u64) -> bool {
-        self.ejected_until.load(Ordering::Relaxed) <= now
+        self.live.ejected_until.load(Ordering::Relaxed) <= now
     }
 
     /// Hands back the slot of an ejection that ended at `until` (≤ now). Returns whether
     /// this call did it.
     pub(crate) fn reclaim(&self, until: u64) -> bool {
-        let done = self
+        let live = &*self.live;
+        let done = live
             .ejected_until
             .compare_exchange(until, 0, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok();
         if done {
-            self.shared.release();
+            live.shared.release();
         }
         done
     }
@@ -165,13 +181,13 @@ impl EndpointState {
     /// A stable hash of the address (for consistent hashing).
     #[inline]
     pub(crate) fn key(&self) -> u64 {
-        self.key
+        self.live.key
     }
 
-    /// p2c least-loaded cost. Cost: one relaxed load.
+    /// p2c least-loaded cost, the in-flight count. Cost: one relaxed load.
     #[inline]
     pub(crate) fn load(&self) -> u32 {
-        self.in_flight.load(Ordering::Relaxed)
+        u32::try_from(Arc::strong_count(&self.live) - 1).unwrap_or(u32::MAX)
     }
 
     /// p2c peak-EWMA cost: estimate × (in-flight + 1). Cost: two relaxed loads and a
@@ -184,29 +200,45 @@ impl EndpointState {
     /// time (computed once per pick).
     #[inline]
     pub(crate) fn ewma_cost(&self, now: impl Fn() -> u64, params: EwmaParams) -> f64 {
-        let mut estimate = f64::from_bits(self.rtt_bits.load(Ordering::Relaxed));
+        let live = &*self.live;
+        let mut estimate = f64::from_bits(live.rtt_bits.load(Ordering::Relaxed));
         if estimate > params.default_rtt {
-            let at = self.rtt_at.load(Ordering::Relaxed);
+            let at = live.rtt_at.load(Ordering::Relaxed);
             if now().saturating_sub(at) >= params.decay_nanos {
                 estimate = params.default_rtt;
             }
         }
-        let pending = f64::from(self.in_flight.load(Ordering::Relaxed)) + 1.0;
+        // In flight + 1 is the strong count.
+        let pending = Arc::strong_count(&self.live) as f64;
         estimate.max(1.0) * pending
     }
 
+    /// Counts a request in flight: the returned handle is the count (one RMW).
     #[inline]
-    pub(crate) fn begin(&self) {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
+    pub(crate) fn begin(&self) -> Arc<Live> {
+        Arc::clone(&self.live)
     }
 
+    /// Whether `live` is this endpoint's counters.
+    pub(crate) fn holds(&self, live: &Arc<Live>) -> bool {
+        Arc::ptr_eq(&self.live, live)
+    }
+}
+
+impl Live {
+    /// The endpoint.
     #[inline]
-    pub(crate) fn end(&self) {
-        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+    pub(crate) fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
     }
 
     pub(crate) fn shared(&self) -> &Shared {
         &self.shared
+    }
+
+    fn is_ejected(&self, now: Instant) -> bool {
+        let until = self.ejected_until.load(Ordering::Acquire);
+        until != 0 && until != RETIRED && until > self.shared.nanos(now)
     }
 
     /// Feeds one completed request back: latency into the estimate, the outcome into
