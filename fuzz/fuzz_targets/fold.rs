@@ -270,7 +270,7 @@ fuzz_target!(|input: Input| {
     let mut table = EndpointTable::new();
     let mut updates: Vec<Update> = Vec::new();
     let mut held: Vec<Picked> = Vec::new();
-    let mut seen: Vec<Arc<EndpointState>> = Vec::new();
+    let mut seen: Vec<EndpointState> = Vec::new();
     let mut now = t0;
 
     for op in input.ops.iter().take(64) {

@@ -31,7 +31,7 @@ const MASK: usize = CHUNK - 1;
 #[derive(Clone, Debug)]
 #[repr(align(64))]
 struct Chunk {
-    slots: [Option<Arc<EndpointState>>; CHUNK],
+    slots: [Option<EndpointState>; CHUNK],
 }
 
 impl Chunk {
@@ -65,7 +65,7 @@ impl Tier {
 
     /// The endpoint state at `index`, if `index < len()`.
     #[inline]
-    pub fn get(&self, index: usize) -> Option<&Arc<EndpointState>> {
+    pub fn get(&self, index: usize) -> Option<&EndpointState> {
         if index >= self.len {
             return None;
         }
@@ -105,7 +105,7 @@ pub struct Iter<'a> {
 }
 
 impl<'a> Iterator for Iter<'a> {
-    type Item = &'a Arc<EndpointState>;
+    type Item = &'a EndpointState;
 
     fn next(&mut self) -> Option<Self::Item> {
         let state = self.tier.get(self.next)?;
@@ -122,11 +122,11 @@ impl<'a> Iterator for Iter<'a> {
 impl ExactSizeIterator for Iter<'_> {}
 
 impl std::ops::Index<usize> for Tier {
-    type Output = Arc<EndpointState>;
+    type Output = EndpointState;
 
     /// The endpoint state at `index`. Panics if `index >= len()`.
     #[inline]
-    fn index(&self, index: usize) -> &Arc<EndpointState> {
+    fn index(&self, index: usize) -> &EndpointState {
         match self.get(index) {
             Some(state) => state,
             None => panic!("tier position {index} out of range (len {})", self.len),
@@ -135,7 +135,7 @@ impl std::ops::Index<usize> for Tier {
 }
 
 impl<'a> IntoIterator for &'a Tier {
-    type Item = &'a Arc<EndpointState>;
+    type Item = &'a EndpointState;
     type IntoIter = Iter<'a>;
 
     fn into_iter(self) -> Iter<'a> {
@@ -162,7 +162,7 @@ struct TierBuilder {
 }
 
 impl TierBuilder {
-    fn slot(&self, pos: usize) -> &Arc<EndpointState> {
+    fn slot(&self, pos: usize) -> &EndpointState {
         match &self.chunks[pos >> SHIFT].slots[pos & MASK] {
             Some(state) => state,
             None => unreachable!("every position below len holds a state"),
@@ -170,7 +170,7 @@ impl TierBuilder {
     }
 
     /// Writes `pos`, copying its chunk if a published snapshot shares it.
-    fn set(&mut self, pos: usize, state: Option<Arc<EndpointState>>) {
+    fn set(&mut self, pos: usize, state: Option<EndpointState>) {
         Arc::make_mut(&mut self.chunks[pos >> SHIFT]).slots[pos & MASK] = state;
     }
 
@@ -191,7 +191,7 @@ impl TierBuilder {
             old.retire();
             EndpointState::new(endpoint.clone(), Arc::clone(shared))
         };
-        self.set(pos, Some(Arc::new(next)));
+        self.set(pos, Some(next));
     }
 
     fn push(&mut self, endpoint: Endpoint, stamp: u64, state: EndpointState) -> usize {
@@ -199,7 +199,7 @@ impl TierBuilder {
         if pos >> SHIFT == self.chunks.len() {
             self.chunks.push(Arc::new(Chunk::empty()));
         }
-        self.set(pos, Some(Arc::new(state)));
+        self.set(pos, Some(state));
         self.entries.push((endpoint, stamp));
         pos
     }
@@ -312,7 +312,7 @@ impl Layout {
         }
         let last = builder.entries.len() - 1;
         if pos != last {
-            let moved = Arc::clone(builder.slot(last));
+            let moved = builder.slot(last).clone();
             builder.set(pos, Some(moved));
             builder.entries.swap(pos, last);
             let moved = builder.entries[pos].0.addr;
@@ -382,7 +382,7 @@ mod tests {
         assert_eq!(after[10].endpoint().addr, all[199].addr);
         for i in (0..199).filter(|&i| i != 10) {
             assert!(
-                Arc::ptr_eq(&before[i], &after[i]),
+                before[i].same_state(&after[i]),
                 "position {i} kept its state"
             );
         }
@@ -400,7 +400,7 @@ mod tests {
         let a = ep(1, "a");
         let mut layout = Layout::default();
         layout.update(2, &[(&a, 0)], &shared);
-        let first = Arc::clone(&layout.tiers(2)[0][0]);
+        let first = layout.tiers(2)[0][0].clone();
         let b = ep(1, "b");
         layout.update(2, &[(&b, 1)], &shared);
         let tiers = layout.tiers(2);

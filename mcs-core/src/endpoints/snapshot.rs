@@ -89,7 +89,7 @@ impl Snapshot {
     }
 
     /// The endpoint state for `addr`, if it is in the set. Cost: O(n).
-    pub fn find(&self, addr: SocketAddr) -> Option<&Arc<EndpointState>> {
+    pub fn find(&self, addr: SocketAddr) -> Option<&EndpointState> {
         self.tiers
             .iter()
             .flat_map(Tier::iter)
@@ -210,7 +210,7 @@ impl Snapshot {
         let cap = config.outlier.ejection_cap(len);
         let mut ejected = shared.set_cap(cap);
         if ejected > cap {
-            let mut holding: Vec<(u64, &Arc<EndpointState>)> = tiers
+            let mut holding: Vec<(u64, &EndpointState)> = tiers
                 .iter()
                 .flat_map(Tier::iter)
                 .map(|s| (s.ejection_word(), s))

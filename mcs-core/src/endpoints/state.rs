@@ -30,25 +30,48 @@ use crate::discovery::Endpoint;
 /// and ejection carry over to the successor. An endpoint that leaves the pick set (removed,
 /// not ready, ineligible) starts afresh if it comes back.
 ///
-/// The in-flight count is the number of [`Picked`](super::Picked) guards holding the
-/// endpoint's live counters: a pick takes one reference and completing or dropping the
-/// guard gives it back, so begin and end are one atomic each and no separate counter is
-/// kept.
+/// An `EndpointState` is a handle on the endpoint's live counters; snapshots hold the
+/// handles (a clone is another handle on the same counters). The in-flight count is the
+/// number of [`Picked`](super::Picked) guards holding the counters: the counters' `Arc`
+/// strong count less the handles, which each count themselves in `holders`. A pick takes
+/// one reference and completing or dropping the guard gives it back, so a request's
+/// start and end are one atomic each and no separate in-flight counter is kept.
 #[derive(Debug)]
 pub struct EndpointState {
     live: Arc<Live>,
 }
 
+impl Clone for EndpointState {
+    fn clone(&self) -> Self {
+        // Reference first, then the handle count: while the two differ, in-flight reads
+        // one too high, never too low.
+        let live = Arc::clone(&self.live);
+        live.holders.fetch_add(1, Ordering::Relaxed);
+        Self { live }
+    }
+}
+
+impl Drop for EndpointState {
+    fn drop(&mut self) {
+        // The handle count first; the reference goes when `live` is dropped right after.
+        self.live.holders.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// The counters a pick reads and a completion writes. Its `Arc` strong count is
-/// 1 (the owning [`EndpointState`]) plus the requests in flight.
+/// `holders` (the [`EndpointState`] handles) plus the requests in flight.
+///
+/// What a least-loaded p2c candidate costs is read from the first 32 bytes of the
+/// allocation: the `Arc` counts, `holders` and `ejected_until`.
 #[derive(Debug)]
-#[repr(C)] // the atomics a pick reads share the first cache line with the `Arc` counts
+#[repr(C)]
 pub(crate) struct Live {
+    holders: AtomicU32,
     consecutive_failures: AtomicU32,
-    ejections: AtomicU32,
     ejected_until: AtomicU64,
     rtt_bits: AtomicU64,
     rtt_at: AtomicU64,
+    ejections: AtomicU32,
     last_ejection_end: AtomicU64,
     key: u64,
     shared: Arc<Shared>,
@@ -108,6 +131,7 @@ impl EndpointState {
     pub(crate) fn new(endpoint: Endpoint, shared: Arc<Shared>) -> Self {
         Self {
             live: Arc::new(Live {
+                holders: AtomicU32::new(1),
                 consecutive_failures: AtomicU32::new(0),
                 ejections: AtomicU32::new(0),
                 ejected_until: AtomicU64::new(0),
@@ -184,10 +208,13 @@ impl EndpointState {
         self.live.key
     }
 
-    /// p2c least-loaded cost, the in-flight count. Cost: one relaxed load.
+    /// p2c least-loaded cost, the in-flight count. Cost: two relaxed loads from one cache
+    /// line.
     #[inline]
     pub(crate) fn load(&self) -> u32 {
-        u32::try_from(Arc::strong_count(&self.live) - 1).unwrap_or(u32::MAX)
+        let holders = self.live.holders.load(Ordering::Relaxed) as usize;
+        let in_flight = Arc::strong_count(&self.live).saturating_sub(holders);
+        u32::try_from(in_flight).unwrap_or(u32::MAX)
     }
 
     /// p2c peak-EWMA cost: estimate × (in-flight + 1). Cost: two relaxed loads and a
@@ -208,8 +235,7 @@ impl EndpointState {
                 estimate = params.default_rtt;
             }
         }
-        // In flight + 1 is the strong count.
-        let pending = Arc::strong_count(&self.live) as f64;
+        let pending = f64::from(self.load()) + 1.0;
         estimate.max(1.0) * pending
     }
 
@@ -217,6 +243,13 @@ impl EndpointState {
     #[inline]
     pub(crate) fn begin(&self) -> Arc<Live> {
         Arc::clone(&self.live)
+    }
+
+    /// Whether both handles are on the same live state: the same endpoint, in the same
+    /// stretch of time in the pick set (a successor after a change of conditions, or an
+    /// endpoint that left and came back, has a new one).
+    pub fn same_state(&self, other: &EndpointState) -> bool {
+        Arc::ptr_eq(&self.live, &other.live)
     }
 
     /// Whether `live` is this endpoint's counters.
