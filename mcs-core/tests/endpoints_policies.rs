@@ -132,6 +132,25 @@ fn round_robin_cycles() {
     }
     assert_eq!(counts.len(), 5);
     assert!(counts.values().all(|&c| c == 100), "{counts:?}");
+    // Each thread cycles on its own: exact per thread, whatever the other one does.
+    std::thread::scope(|s| {
+        let picks = [0u64, 1].map(|_| {
+            s.spawn(|| {
+                let mut counts = BTreeMap::new();
+                for r in 0..500 {
+                    *counts
+                        .entry(b.pick(PickContext::new(r, t0)).unwrap().addr())
+                        .or_insert(0) += 1;
+                }
+                counts
+            })
+        });
+        for thread in picks {
+            let counts = thread.join().unwrap();
+            assert_eq!(counts.len(), 5);
+            assert!(counts.values().all(|&c| c == 100), "{counts:?}");
+        }
+    });
 }
 
 #[test]

@@ -150,7 +150,8 @@ pub struct Balancer {
     cache: ThreadLocal<RefCell<Cached>>,
     shared: Arc<Shared>,
     policy: Policy,
-    rr: CachePadded<AtomicU64>,
+    /// Hands out the threads' round-robin starting points.
+    rr: AtomicU64,
     config: BalancerConfig,
     locality: Locality,
     update: Mutex<UpdateState>,
@@ -160,6 +161,9 @@ pub struct Balancer {
 struct Cached {
     version: u64,
     snapshot: Arc<Snapshot>,
+    /// This thread's round-robin position: each thread goes round on its own (as each
+    /// Envoy worker does), so round robin writes no shared counter.
+    rr: u32,
 }
 
 #[derive(Debug, Default)]
@@ -183,7 +187,7 @@ impl Balancer {
             cache: ThreadLocal::new(),
             shared: Arc::new(Shared::new(&config, base)),
             policy: config.policy,
-            rr: CachePadded(AtomicU64::new(0)),
+            rr: AtomicU64::new(0),
             update: Mutex::new(UpdateState {
                 eligible: config.eligible_clusters.clone(),
                 ..UpdateState::default()
@@ -272,24 +276,23 @@ impl Balancer {
             Some(cell) => cell,
             None => self.new_cache_entry(),
         };
-        let mut cached;
-        let guard;
-        let snap: &Snapshot = match cell.try_borrow_mut() {
-            Ok(entry) => {
-                cached = entry;
+        match cell.try_borrow_mut() {
+            Ok(mut cached) => {
                 if cached.version != version {
                     cached.snapshot = self.snapshot.load_full();
                     cached.version = version;
                 }
-                &cached.snapshot
+                let Cached { snapshot, rr, .. } = &mut *cached;
+                self.pick_from(snapshot, ctx, rr)
             }
             // Only if a pick re-entered on this thread (a pick never calls out).
-            Err(_) => {
-                guard = self.snapshot.load();
-                &guard
-            }
-        };
-        self.pick_from(snap, ctx)
+            Err(_) => self.pick_from(&self.snapshot.load(), ctx, &mut self.next_rr_start()),
+        }
+    }
+
+    /// Where a thread starts going round: spread apart so threads do not move in step.
+    fn next_rr_start(&self) -> u32 {
+        (self.rr.fetch_add(1, Ordering::Relaxed) as u32).wrapping_mul(0x9e37_79b9)
     }
 
     /// This thread's cache entry, made on its first pick.
@@ -300,12 +303,18 @@ impl Balancer {
             RefCell::new(Cached {
                 version: 0,
                 snapshot: self.snapshot.load_full(),
+                rr: self.next_rr_start(),
             })
         })
     }
 
     #[inline(always)]
-    fn pick_from(&self, snap: &Snapshot, ctx: PickContext) -> Result<Picked, PickError> {
+    fn pick_from(
+        &self,
+        snap: &Snapshot,
+        ctx: PickContext,
+        rr: &mut u32,
+    ) -> Result<Picked, PickError> {
         match snap.exists() {
             None => return Err(PickError::NotResolved),
             Some(false) => return Err(PickError::DoesNotExist),
@@ -340,7 +349,7 @@ impl Balancer {
                 None => hash::rendezvous(tier, key, usable),
             },
             None => match self.policy {
-                Policy::RoundRobin => self.round_robin(tier, &usable),
+                Policy::RoundRobin => round_robin(tier, rr, &usable),
                 Policy::LeastLoaded => p2c(tier, ctx.random, &usable, EndpointState::load),
                 Policy::PeakEwma => {
                     let params = self.shared.ewma_params();
@@ -421,21 +430,22 @@ impl Balancer {
         self.version.0.fetch_add(1, Ordering::Release);
         st.replaced = Some(previous);
     }
+}
 
-    /// Round robin over `tier`, skipping unusable endpoints. Cost: one shared RMW and a
-    /// 32-bit division; a scan only past ejected endpoints.
-    #[inline]
-    fn round_robin(&self, tier: &Tier, usable: &impl Fn(&EndpointState) -> bool) -> usize {
-        let n = tier.len();
-        let start = (self.rr.0.fetch_add(1, Ordering::Relaxed) as u32 % n as u32) as usize;
-        if usable(tier.at(start)) {
-            return start;
-        }
-        (1..n)
-            .map(|i| (start + i) % n)
-            .find(|&i| usable(tier.at(i)))
-            .unwrap_or(start)
+/// Round robin over `tier` from this thread's position `rr`, skipping unusable
+/// endpoints. Cost: a 32-bit division; a scan only past ejected endpoints.
+#[inline]
+fn round_robin(tier: &Tier, rr: &mut u32, usable: &impl Fn(&EndpointState) -> bool) -> usize {
+    let n = tier.len();
+    let start = (*rr % n as u32) as usize;
+    *rr = rr.wrapping_add(1);
+    if usable(tier.at(start)) {
+        return start;
     }
+    (1..n)
+        .map(|i| (start + i) % n)
+        .find(|&i| usable(tier.at(i)))
+        .unwrap_or(start)
 }
 
 /// The two distinct indices p2c compares, from one 64-bit random number: the low half

@@ -47,7 +47,9 @@ impl Locality {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Policy {
-    /// Round robin over the tier, skipping ejected endpoints.
+    /// Round robin over the tier, skipping ejected endpoints. Each thread keeps its own
+    /// position (as each Envoy worker does), so one thread's picks cycle exactly and no
+    /// pick writes a counter shared between threads.
     RoundRobin,
     /// Power of two choices on in-flight requests (Finagle's default, tower's
     /// `PendingRequests`).
