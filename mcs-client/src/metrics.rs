@@ -156,7 +156,8 @@ impl EndpointGauges {
         }
     }
 
-    /// Publishes endpoint counts by cluster and state; combinations that disappeared go to 0.
+    /// Publishes endpoint counts by cluster and state; combinations that disappeared go to
+    /// 0 and are forgotten.
     pub(crate) fn publish(&mut self, table: &EndpointTable) {
         let mut counts: BTreeMap<(String, &'static str), f64> = BTreeMap::new();
         for ep in table.endpoints() {
@@ -169,11 +170,16 @@ impl EndpointGauges {
             };
             *counts.entry((ep.cluster.to_string(), state)).or_default() += 1.0;
         }
-        for (key, gauge) in &self.gauges {
-            if !counts.contains_key(key) {
+        // A combination that disappeared goes to 0 once and its handle is let go, so the
+        // map only holds clusters and states that exist (the series itself stays with the
+        // recorder, as Prometheus expects; a cluster that comes back gets it again).
+        self.gauges.retain(|key, gauge| {
+            let present = counts.contains_key(key);
+            if !present {
                 gauge.set(0.0);
             }
-        }
+            present
+        });
         for (key, n) in counts {
             let gauge = self.gauges.entry(key.clone()).or_insert_with(|| {
                 gauge!(ENDPOINTS, "service" => self.service.clone(), "port" => self.port.clone(),

@@ -40,6 +40,10 @@ impl TestRecorder {
             .map_or(0, |v| v.load(Ordering::Relaxed))
     }
 
+    fn registered(&self, name: &str) -> bool {
+        self.values.lock().unwrap().contains_key(name)
+    }
+
     fn gauge(&self, name: &str) -> f64 {
         self.values
             .lock()
@@ -185,6 +189,40 @@ fn picks_outcomes_endpoints_and_errors_are_counted() {
     assert!(
         (0.0..1.0).contains(&age),
         "the set was confirmed just now: {age}"
+    );
+}
+
+#[test]
+fn a_departed_cluster_reads_zero() {
+    let recorder = TestRecorder::default();
+    drive(
+        &recorder,
+        &["/ok"],
+        |_| 200,
+        |resolver| {
+            resolver.set(
+                &target(9443),
+                [Endpoint::ready(EAST.parse().unwrap(), cluster("east"))],
+            )
+        },
+    );
+    let labels = "port=9443,service=loyalty/loyalty-accrual";
+    let endpoints = |cluster: &str| {
+        recorder.gauge(&format!(
+            "mcs_client_endpoints{{cluster={cluster},{labels},state=ready}}"
+        ))
+    };
+    assert_eq!(endpoints("east"), 1.0);
+    assert!(
+        recorder.registered(&format!(
+            "mcs_client_endpoints{{cluster=west,{labels},state=ready}}"
+        )),
+        "west was published while it had an endpoint"
+    );
+    assert_eq!(endpoints("west"), 0.0, "west left the set");
+    assert_eq!(
+        recorder.gauge(&format!("mcs_client_tier_endpoints{{{labels},tier=2}}")),
+        0.0
     );
 }
 

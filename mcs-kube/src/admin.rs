@@ -1,5 +1,5 @@
 //! The admin HTTP endpoint of the binaries: `/metrics` (Prometheus text), `/healthz`
-//! (alive) and `/readyz` (ready once the watches have synced).
+//! (alive) and `/readyz` (200 when ready; otherwise 503 with the reason as the body).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -16,13 +16,31 @@ use hyper_util::rt::TokioIo;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
+/// What `/readyz` reports.
+pub trait Readiness: Send + Sync + 'static {
+    /// `Ok` when ready; otherwise why not (the body of the 503 answer).
+    fn check(&self) -> Result<(), String>;
+}
+
+/// A flag that is set once the process has synced.
+impl Readiness for Arc<AtomicBool> {
+    fn check(&self) -> Result<(), String> {
+        if self.load(Ordering::Acquire) {
+            Ok(())
+        } else {
+            Err("not synced".to_owned())
+        }
+    }
+}
+
 /// Serves the admin endpoint on `listener` until `shutdown` completes.
 pub async fn serve(
     listener: TcpListener,
     registry: Arc<Mutex<Registry>>,
-    ready: Arc<AtomicBool>,
+    ready: impl Readiness,
     shutdown: impl Future<Output = ()>,
 ) {
+    let ready: Arc<dyn Readiness> = Arc::new(ready);
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let (stream, _) = tokio::select! {
@@ -39,7 +57,7 @@ pub async fn serve(
         let ready = Arc::clone(&ready);
         tokio::spawn(async move {
             let service = service_fn(move |req: Request<Incoming>| {
-                let response = respond(req.uri().path(), &registry, &ready);
+                let response = respond(req.uri().path(), &registry, &*ready);
                 async move { Ok::<_, Infallible>(response) }
             });
             if let Err(e) = hyper::server::conn::http1::Builder::new()
@@ -57,11 +75,13 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
-fn respond(path: &str, registry: &Mutex<Registry>, ready: &AtomicBool) -> Response<Full<Bytes>> {
+fn respond(path: &str, registry: &Mutex<Registry>, ready: &dyn Readiness) -> Response<Full<Bytes>> {
     let (status, body) = match path {
         "/healthz" | "/livez" => (StatusCode::OK, "ok\n".to_owned()),
-        "/readyz" if ready.load(Ordering::Acquire) => (StatusCode::OK, "ready\n".to_owned()),
-        "/readyz" => (StatusCode::SERVICE_UNAVAILABLE, "not synced\n".to_owned()),
+        "/readyz" => match ready.check() {
+            Ok(()) => (StatusCode::OK, "ready\n".to_owned()),
+            Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")),
+        },
         "/metrics" => {
             let mut text = String::new();
             let registry = registry.lock().unwrap_or_else(|e| e.into_inner());

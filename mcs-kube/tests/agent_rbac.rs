@@ -347,6 +347,9 @@ fn log_lines(needles: &[&str]) -> Vec<String> {
 struct RunningAgent {
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<Result<(), AgentError>>,
+    /// The agent's admin endpoint (`mcs_kube::admin::serve`, as `mcs-agent` runs it).
+    admin: SocketAddr,
+    admin_task: JoinHandle<()>,
     ready: Arc<AtomicBool>,
     health: AgentHealth,
     metrics: AgentMetrics,
@@ -366,6 +369,18 @@ impl RunningAgent {
             .probe_interval(Duration::from_secs(1));
         let agent = Agent::new(config);
         let (ready, health, metrics) = (agent.ready(), agent.health(), agent.metrics());
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind admin");
+        listener
+            .set_nonblocking(true)
+            .expect("nonblocking admin listener");
+        let admin = listener.local_addr().expect("admin address");
+        let listener = tokio::net::TcpListener::from_std(listener).expect("admin listener");
+        let admin_task = tokio::spawn(mcs_kube::admin::serve(
+            listener,
+            Arc::new(Mutex::new(prometheus_client::registry::Registry::default())),
+            agent.readiness(),
+            std::future::pending(),
+        ));
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(agent.run(async move {
             let _ = stopped.await;
@@ -373,6 +388,8 @@ impl RunningAgent {
         Self {
             stop: Some(stop),
             task,
+            admin,
+            admin_task,
             ready,
             health,
             metrics,
@@ -391,7 +408,43 @@ impl RunningAgent {
         })
         .await;
         assert!(!self.task.is_finished(), "the agent must keep running");
+        // The admin endpoint says the same: 503 with the reason as the body.
+        let (status, body) = self.readyz().await;
+        assert_eq!(status, 503, "/readyz while not ready: {body}");
+        for needle in needles {
+            assert!(
+                body.contains(needle),
+                "/readyz body lacks {needle:?}: {body}"
+            );
+        }
         found
+    }
+
+    /// `GET /readyz` on the agent's admin endpoint: status code and body.
+    async fn readyz(&self) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(self.admin)
+            .await
+            .expect("connect to the admin endpoint");
+        stream
+            .write_all(b"GET /readyz HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n")
+            .await
+            .expect("send /readyz");
+        let mut response = String::new();
+        stream
+            .read_to_string(&mut response)
+            .await
+            .expect("read /readyz");
+        let status = response
+            .split(' ')
+            .nth(1)
+            .and_then(|code| code.parse().ok())
+            .unwrap_or_else(|| panic!("not an HTTP response: {response:?}"));
+        let body = response
+            .split_once("\r\n\r\n")
+            .map_or("", |(_, body)| body)
+            .to_owned();
+        (status, body)
     }
 
     async fn wait_ready(&self, what: &str) {
@@ -404,6 +457,12 @@ impl RunningAgent {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        let (status, body) = self.readyz().await;
+        assert_eq!(
+            (status, body.as_str()),
+            (200, "ready\n"),
+            "/readyz once ready"
+        );
     }
 
     async fn stop(mut self) {
@@ -419,6 +478,7 @@ impl RunningAgent {
 
 impl Drop for RunningAgent {
     fn drop(&mut self) {
+        self.admin_task.abort();
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
             self.task.abort();

@@ -31,7 +31,7 @@ pub mod reconcile;
 mod writer;
 
 use std::future::Future;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -207,6 +207,26 @@ impl AgentHealth {
     }
 }
 
+/// The agent's readiness as its `/readyz` reports it ([`crate::admin::Readiness`]): ready,
+/// or the [`AgentHealth`] reason, such as the RBAC rule its cluster refuses it.
+#[derive(Clone, Debug)]
+pub struct AgentReadiness {
+    ready: Arc<AtomicBool>,
+    health: AgentHealth,
+}
+
+impl crate::admin::Readiness for AgentReadiness {
+    fn check(&self) -> Result<(), String> {
+        if self.ready.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        Err(self
+            .health
+            .not_ready_reason()
+            .unwrap_or_else(|| "starting: the first reconcile has not run yet".to_owned()))
+    }
+}
+
 /// The agent of one member cluster.
 #[derive(Debug)]
 pub struct Agent {
@@ -231,6 +251,14 @@ impl Agent {
     /// own cluster grants it what it needs ([`Agent::health`] says why not).
     pub fn ready(&self) -> Arc<AtomicBool> {
         Arc::clone(&self.ready)
+    }
+
+    /// Readiness with its reason, for an admin endpoint's `/readyz`.
+    pub fn readiness(&self) -> AgentReadiness {
+        AgentReadiness {
+            ready: Arc::clone(&self.ready),
+            health: self.health.clone(),
+        }
     }
 
     /// Why the agent is not ready, if it is not.

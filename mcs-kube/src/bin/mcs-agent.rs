@@ -104,7 +104,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let admin_task = tokio::spawn(admin::serve(
         listener,
         Arc::new(Mutex::new(registry)),
-        agent.ready(),
+        agent.readiness(),
         async move {
             let _ = stop_rx.wait_for(|v| *v).await;
         },
