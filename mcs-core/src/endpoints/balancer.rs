@@ -315,11 +315,8 @@ impl Balancer {
         ctx: PickContext,
         rr: &mut u32,
     ) -> Result<Picked, PickError> {
-        match snap.exists() {
-            None => return Err(PickError::NotResolved),
-            Some(false) => return Err(PickError::DoesNotExist),
-            Some(true) if snap.is_empty() => return Err(PickError::NoEndpoints),
-            Some(true) => {}
+        if !snap.pickable() {
+            return Err(unpickable(snap));
         }
         let plan = snap.plan();
         let generation = self.shared.generation.load(Ordering::Relaxed);
@@ -343,30 +340,41 @@ impl Balancer {
         }
         let tier = &tiers[tier_index];
         let usable = |s: &EndpointState| panic || s.usable(now);
-        let index = match ctx.affinity {
-            Some(key) => match snap.ring(tier_index) {
-                Some(ring) => ring.lookup(key, |i| usable(tier.at(i))).unwrap_or(0),
-                None => hash::rendezvous(tier, key, usable),
-            },
+        let state = match ctx.affinity {
+            Some(key) => by_affinity(snap, tier_index, key, panic, now),
             None => match self.policy {
-                Policy::RoundRobin => round_robin(tier, rr, &usable),
+                Policy::RoundRobin => tier.at(round_robin(tier, rr, &usable)),
                 Policy::LeastLoaded => p2c(tier, ctx.random, &usable, EndpointState::load),
-                Policy::PeakEwma => {
-                    let params = self.shared.ewma_params();
-                    let clock = std::cell::OnceCell::new();
-                    let now = || {
-                        *clock.get_or_init(|| match now {
-                            u64::MAX => self.shared.nanos(ctx.now),
-                            now => now,
-                        })
-                    };
-                    p2c(tier, ctx.random, &usable, |s| s.ewma_cost(now, params))
-                }
+                Policy::PeakEwma => self.by_peak_ewma(tier, ctx, panic, now),
             },
         };
         Ok(Picked {
-            live: tier.at(index).begin(),
+            live: state.begin(),
             tier: tier_index,
+        })
+    }
+
+    /// p2c on peak-EWMA cost, out of line so the other policies' picks carry none of its
+    /// state.
+    #[inline(never)]
+    fn by_peak_ewma<'t>(
+        &self,
+        tier: &'t Tier,
+        ctx: PickContext,
+        panic: bool,
+        now: u64,
+    ) -> &'t EndpointState {
+        let params = self.shared.ewma_params();
+        let clock = std::cell::OnceCell::new();
+        let now_for_decay = || {
+            *clock.get_or_init(|| match now {
+                u64::MAX => self.shared.nanos(ctx.now),
+                now => now,
+            })
+        };
+        let usable = |s: &EndpointState| panic || s.usable(now);
+        p2c(tier, ctx.random, &usable, |s| {
+            s.ewma_cost(now_for_decay, params)
         })
     }
 
@@ -448,6 +456,34 @@ fn round_robin(tier: &Tier, rr: &mut u32, usable: &impl Fn(&EndpointState) -> bo
         .unwrap_or(start)
 }
 
+/// Consistent hashing of `key` over tier `tier_index`: the snapshot's ring, or rendezvous
+/// hashing without one.
+#[inline(never)]
+fn by_affinity(
+    snap: &Snapshot,
+    tier_index: usize,
+    key: u64,
+    panic: bool,
+    now: u64,
+) -> &EndpointState {
+    let tier = &snap.tiers()[tier_index];
+    let usable = |s: &EndpointState| panic || s.usable(now);
+    tier.at(match snap.ring(tier_index) {
+        Some(ring) => ring.lookup(key, |i| usable(tier.at(i))).unwrap_or(0),
+        None => hash::rendezvous(tier, key, usable),
+    })
+}
+
+/// Why nothing can be picked from `snap` (off the hot path).
+#[cold]
+fn unpickable(snap: &Snapshot) -> PickError {
+    match snap.exists() {
+        None => PickError::NotResolved,
+        Some(false) => PickError::DoesNotExist,
+        Some(true) => PickError::NoEndpoints,
+    }
+}
+
 /// The two distinct indices p2c compares, from one 64-bit random number: the low half
 /// picks the first of `n`, the high half the second among the other `n - 1` (Lemire's
 /// multiply-shift range reduction, no division). `n` must be at least 2.
@@ -466,34 +502,33 @@ pub(crate) fn p2c_pair(random: u64, n: usize) -> (usize, usize) {
 /// ones. Cost: two candidate reads; when both candidates are ejected, up to two more
 /// pairs, then a scan.
 #[inline(always)]
-fn p2c<C: PartialOrd>(
-    tier: &Tier,
+fn p2c<'t, C: PartialOrd>(
+    tier: &'t Tier,
     random: u64,
     usable: &impl Fn(&EndpointState) -> bool,
     cost: impl Fn(&EndpointState) -> C,
-) -> usize {
+) -> &'t EndpointState {
     let n = tier.len();
     if n == 1 {
-        return 0;
+        return tier.at(0);
     }
     let mut r = random;
     for _ in 0..3 {
         let (a, b) = p2c_pair(r, n);
         let (sa, sb) = (tier.at(a), tier.at(b));
         match (usable(sa), usable(sb)) {
-            (true, true) => {
-                return if cost(sb) < cost(sa) { b } else { a };
-            }
-            (true, false) => return a,
-            (false, true) => return b,
+            (true, true) => return if cost(sb) < cost(sa) { sb } else { sa },
+            (true, false) => return sa,
+            (false, true) => return sb,
             (false, false) => r = mix64(r),
         }
     }
     let start = p2c_pair(random, n).0;
-    (1..n)
+    let index = (1..n)
         .map(|i| (start + i) % n)
         .find(|&i| usable(tier.at(i)))
-        .unwrap_or(start)
+        .unwrap_or(start);
+    tier.at(index)
 }
 
 /// Separates the tier choice from the endpoint choice of the same random number.

@@ -96,6 +96,12 @@ impl Snapshot {
             .find(|s| s.endpoint().addr == addr)
     }
 
+    /// Whether the service exists and has an endpoint (one check on the pick path).
+    #[inline]
+    pub(crate) fn pickable(&self) -> bool {
+        self.exists == Some(true) && self.len > 0
+    }
+
     #[inline]
     pub(crate) fn plan(&self) -> &Plan {
         &self.plan
