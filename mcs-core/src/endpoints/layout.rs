@@ -5,8 +5,8 @@
 //! change copies only the chunks the change touched and shares every other chunk with
 //! the previous snapshot, so a one-endpoint change to a 10,000-endpoint set writes two
 //! chunks and a 157-pointer list instead of 10,000 reference counts. That keeps the
-//! writer off the cache lines pickers read, which is what keeps picks as fast while
-//! snapshots are swapped as without.
+//! writer off the cache lines pickers read, so picks run as fast during swaps as without
+//! them.
 //!
 //! Positions are stable: an endpoint keeps its position while it stays in its tier; one
 //! that leaves is replaced by the tier's last endpoint (`swap_remove`), and new ones are
