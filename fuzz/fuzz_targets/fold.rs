@@ -33,7 +33,7 @@ use mcs_core::name::Hostname;
 
 #[path = "../../mcs-core/tests/oracles/fold.rs"]
 mod oracle;
-use oracle::{model, pick_set};
+use oracle::{model, pick_set, snapshot_set};
 
 const CLUSTERS: [&str; 3] = ["c0", "c1", "c2"];
 const ZONES: [&str; 2] = ["z0", "z1"];
@@ -191,15 +191,6 @@ impl ConfigIn {
         }
         (locality, config)
     }
-}
-
-fn snapshot_set(b: &Balancer) -> BTreeMap<SocketAddr, Endpoint> {
-    b.snapshot()
-        .tiers()
-        .iter()
-        .flatten()
-        .map(|s| (s.endpoint().addr, s.endpoint().clone()))
-        .collect()
 }
 
 fn flat(t0: Instant) -> Balancer {

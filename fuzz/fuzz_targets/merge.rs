@@ -35,7 +35,7 @@ use mcs_core::name::ServiceRef;
 
 #[path = "../../mcs-core/tests/oracles/merge.rs"]
 mod oracle;
-use oracle::{check_change, check_outcome};
+use oracle::{check_change, check_outcome, dedupe_ports};
 
 const CLUSTERS: [&str; 6] = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot"];
 
@@ -147,24 +147,6 @@ impl MapIn {
     }
 }
 
-/// Keeps the first port of every name and of every (protocol, port) pair, in range.
-fn dedupe(ports: Vec<ServicePort>) -> Vec<ServicePort> {
-    let mut names = BTreeSet::new();
-    let mut pairs = BTreeSet::new();
-    ports
-        .into_iter()
-        .filter(|p| {
-            let name = p.name.clone().unwrap_or_default();
-            let pair = (p.protocol_or_default(), p.port);
-            (1..=MAX_PORT).contains(&p.port)
-                && !names.contains(&name)
-                && !pairs.contains(&pair)
-                && names.insert(name)
-                && pairs.insert(pair)
-        })
-        .collect()
-}
-
 impl FactsIn {
     fn build(&self) -> Option<ServiceFacts> {
         let FactsIn::Valid {
@@ -229,7 +211,7 @@ impl FactsIn {
             }
             b.build()
         };
-        let clean_ports = dedupe(ports.clone());
+        let clean_ports = dedupe_ports(ports.clone());
         let mut clean_families = families.clone();
         let unique_families: BTreeSet<_> = families.iter().collect();
         let should_fail =

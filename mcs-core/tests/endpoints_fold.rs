@@ -14,7 +14,7 @@ use mcs_core::endpoints::{
     Balancer, BalancerConfig, EndpointState, Locality, Outcome, PickContext, Picked, Tiering,
     TrafficDistribution,
 };
-use oracle::{model, pick_set};
+use oracle::{model, pick_set, snapshot_set};
 use proptest::prelude::*;
 
 fn addr(i: u8) -> SocketAddr {
@@ -56,15 +56,6 @@ fn flat(t0: Instant) -> Balancer {
         BalancerConfig::default().tiering(Tiering::Flat),
         t0,
     )
-}
-
-fn snapshot_set(b: &Balancer) -> BTreeMap<SocketAddr, Endpoint> {
-    b.snapshot()
-        .tiers()
-        .iter()
-        .flatten()
-        .map(|s| (s.endpoint().addr, s.endpoint().clone()))
-        .collect()
 }
 
 proptest! {

@@ -15,7 +15,6 @@ mod common;
 #[path = "oracles/merge.rs"]
 mod oracle;
 
-use std::collections::BTreeSet;
 
 use common::{at, id, svc};
 use mcs_core::api::{
@@ -26,7 +25,7 @@ use mcs_core::merge::{
     Change, ClusterSetState, Constituent, MergeOutcome, ServiceFacts, ServiceKind, Stability, merge,
 };
 use mcs_core::name::ServiceRef;
-use oracle::{check_change, check_outcome};
+use oracle::{check_change, check_outcome, dedupe_ports};
 use proptest::prelude::*;
 
 const CLUSTERS: [&str; 6] = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot"];
@@ -52,23 +51,6 @@ fn port_strategy() -> impl Strategy<Value = ServicePort> {
             app_protocol: app.map(str::to_owned),
             port,
         })
-}
-
-/// Keeps the first port of every name and of every (protocol, port) pair.
-fn dedupe(ports: Vec<ServicePort>) -> Vec<ServicePort> {
-    let mut names = BTreeSet::new();
-    let mut pairs = BTreeSet::new();
-    ports
-        .into_iter()
-        .filter(|p| {
-            let name = p.name.clone().unwrap_or_default();
-            let pair = (p.protocol_or_default(), p.port);
-            !names.contains(&name)
-                && !pairs.contains(&pair)
-                && names.insert(name)
-                && pairs.insert(pair)
-        })
-        .collect()
 }
 
 fn facts_strategy() -> impl Strategy<Value = Option<ServiceFacts>> {
@@ -102,7 +84,7 @@ fn facts_strategy() -> impl Strategy<Value = Option<ServiceFacts>> {
     )
         .prop_map(|(kind, ports, affinity, timeout, families, itp, td)| {
             let mut b = ServiceFacts::builder(kind)
-                .ports(dedupe(ports))
+                .ports(dedupe_ports(ports))
                 .ip_families(families);
             if let Some(a) = affinity {
                 b = b.session_affinity(a);

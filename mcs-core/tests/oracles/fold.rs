@@ -1,4 +1,5 @@
-//! The endpoint-update fold as the spec states it, and the pick set of a flat balancer:
+//! The endpoint-update fold as the spec states it, the pick set of a flat balancer and
+//! what a balancer's snapshot holds:
 //! the models `endpoints_fold.rs` and the `fold` fuzz target (`fuzz/fuzz_targets/fold.rs`,
 //! through `#[path]`) compare the real fold and balancer with.
 
@@ -6,6 +7,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 use mcs_core::discovery::{Endpoint, Update};
+use mcs_core::endpoints::Balancer;
 
 /// The set the spec describes: start from the last `Reset` (or `DoesNotExist`, or
 /// nothing), then apply the later `Add`s and `Remove`s in order.
@@ -57,5 +59,15 @@ pub(crate) fn pick_set(table: &BTreeMap<SocketAddr, Endpoint>) -> BTreeMap<Socke
         .iter()
         .filter(|(_, e)| e.serving && e.terminating)
         .map(|(a, e)| (*a, e.clone()))
+        .collect()
+}
+
+/// What the balancer's current snapshot holds, by address.
+pub(crate) fn snapshot_set(b: &Balancer) -> BTreeMap<SocketAddr, Endpoint> {
+    b.snapshot()
+        .tiers()
+        .iter()
+        .flatten()
+        .map(|s| (s.endpoint().addr, s.endpoint().clone()))
         .collect()
 }

@@ -5,9 +5,29 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use mcs_core::api::ServicePort;
 use mcs_core::conditions::{ConditionStatus, ValidReason, is_valid_reason};
-use mcs_core::merge::{Change, Constituent, ImportChange, MAX_MESSAGE_LEN, MergeOutcome};
+use mcs_core::merge::{Change, Constituent, ImportChange, MAX_MESSAGE_LEN, MAX_PORT, MergeOutcome};
 use mcs_core::name::ServiceRef;
+
+/// A Service's ports as the API server would accept them: the first port of every name
+/// and of every (protocol, port) pair, numbers in range.
+pub(crate) fn dedupe_ports(ports: Vec<ServicePort>) -> Vec<ServicePort> {
+    let mut names = BTreeSet::new();
+    let mut pairs = BTreeSet::new();
+    ports
+        .into_iter()
+        .filter(|p| {
+            let name = p.name.clone().unwrap_or_default();
+            let pair = (p.protocol_or_default(), p.port);
+            (1..=MAX_PORT).contains(&p.port)
+                && !names.contains(&name)
+                && !pairs.contains(&pair)
+                && names.insert(name)
+                && pairs.insert(pair)
+        })
+        .collect()
+}
 
 /// Every invariant of one service's outcome, given its constituents.
 pub(crate) fn check_outcome(service: &ServiceRef, exports: &[Constituent], outcome: &MergeOutcome) {
