@@ -15,7 +15,6 @@ mod common;
 #[path = "oracles/merge.rs"]
 mod oracle;
 
-
 use common::{at, id, svc};
 use mcs_core::api::{
     InternalTrafficPolicy, IpFamily, Protocol, ServicePort, SessionAffinity, StringMap,
