@@ -131,7 +131,9 @@ impl<R: Resolve + ?Sized> Resolve for Arc<R> {
 /// `Remove`s.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct EndpointTable {
-    endpoints: BTreeMap<SocketAddr, Endpoint>,
+    /// Shared with the balancer's endpoint states, which hold the same `Arc`s instead of
+    /// copies.
+    endpoints: BTreeMap<SocketAddr, Arc<Endpoint>>,
     exists: Option<bool>,
 }
 
@@ -146,7 +148,14 @@ impl EndpointTable {
         let before_exists = self.exists;
         let changed = match update {
             Update::Reset(list) => {
-                let new: BTreeMap<_, _> = list.into_iter().map(|e| (e.addr, e)).collect();
+                let new: BTreeMap<_, _> = list
+                    .into_iter()
+                    .map(|e| match self.endpoints.get(&e.addr) {
+                        // Unchanged endpoints keep their `Arc`.
+                        Some(old) if **old == e => (e.addr, Arc::clone(old)),
+                        _ => (e.addr, Arc::new(e)),
+                    })
+                    .collect();
                 let changed = new != self.endpoints;
                 self.endpoints = new;
                 changed
@@ -154,8 +163,8 @@ impl EndpointTable {
             Update::Add(list) => {
                 let mut changed = false;
                 for e in list {
-                    if self.endpoints.get(&e.addr) != Some(&e) {
-                        self.endpoints.insert(e.addr, e);
+                    if self.endpoints.get(&e.addr).map(|old| &**old) != Some(&e) {
+                        self.endpoints.insert(e.addr, Arc::new(e));
                         changed = true;
                     }
                 }
@@ -181,11 +190,21 @@ impl EndpointTable {
 
     /// The endpoints, ordered by address.
     pub fn endpoints(&self) -> impl ExactSizeIterator<Item = &Endpoint> {
-        self.endpoints.values()
+        self.endpoints.values().map(|e| &**e)
     }
 
     /// The endpoint at `addr`, if any.
     pub fn get(&self, addr: &SocketAddr) -> Option<&Endpoint> {
+        self.endpoints.get(addr).map(|e| &**e)
+    }
+
+    /// The endpoints as the table holds them, ordered by address.
+    pub(crate) fn shared(&self) -> impl ExactSizeIterator<Item = &Arc<Endpoint>> {
+        self.endpoints.values()
+    }
+
+    /// The endpoint at `addr` as the table holds it.
+    pub(crate) fn get_shared(&self, addr: &SocketAddr) -> Option<&Arc<Endpoint>> {
         self.endpoints.get(addr)
     }
 

@@ -13,7 +13,7 @@ use thread_local::ThreadLocal;
 use super::config::{BalancerConfig, Locality, Policy};
 use super::hash::{self, mix64};
 use super::layout::Tier;
-use super::snapshot::{Builder, Rules, Snapshot};
+use super::snapshot::{Builder, Rules, Snapshot, Touched};
 use super::state::{EndpointState, Live, Shared};
 use crate::ClusterId;
 use crate::discovery::{Endpoint, EndpointTable, Update};
@@ -89,7 +89,7 @@ pub struct Picked {
 impl Picked {
     /// Where to send the request.
     pub fn addr(&self) -> SocketAddr {
-        self.live.endpoint().addr
+        self.live.addr()
     }
 
     /// The endpoint.
@@ -213,9 +213,9 @@ impl Balancer {
         // The addresses `Add`s and `Remove`s touch, with their entries before this call,
         // so the snapshot can be rebuilt for just those; `None` after a `Reset` or
         // `DoesNotExist`, which rebuild it all.
-        let mut touched: Option<Vec<(SocketAddr, Option<Endpoint>)>> = Some(Vec::new());
+        let mut touched: Option<Vec<Touched>> = Some(Vec::new());
         for update in updates {
-            let before = |addr: &SocketAddr| (*addr, st.table.get(addr).cloned());
+            let before = |addr: &SocketAddr| (*addr, st.table.get_shared(addr).cloned());
             match (&update, touched.as_mut()) {
                 (Update::Add(list), Some(touched)) => {
                     touched.extend(list.iter().map(|e| before(&e.addr)));
@@ -424,7 +424,7 @@ impl Balancer {
         self.update.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn publish(&self, st: &mut UpdateState, changed: Option<&[(SocketAddr, Option<Endpoint>)]>) {
+    fn publish(&self, st: &mut UpdateState, changed: Option<&[Touched]>) {
         // Only publishers (holding the update lock) replace the snapshot, so this is the
         // one the new snapshot replaces.
         let previous = self.snapshot.load_full();

@@ -158,7 +158,7 @@ struct TierBuilder {
     chunks: Vec<Arc<Chunk>>,
     /// The endpoint at each position, as of the last update, and its stamp. Kept here so
     /// an update compares against writer-private memory, not the states pickers read.
-    entries: Vec<(Endpoint, u64)>,
+    entries: Vec<(Arc<Endpoint>, u64)>,
 }
 
 impl TierBuilder {
@@ -177,24 +177,24 @@ impl TierBuilder {
     /// Updates the endpoint at `pos` to `endpoint` (same address and tier): nothing if it
     /// is unchanged, a successor state if only its conditions or hostname changed, a
     /// fresh one if its cluster or zone did.
-    fn replace(&mut self, pos: usize, endpoint: &Endpoint, shared: &Arc<Shared>) {
+    fn replace(&mut self, pos: usize, endpoint: &Arc<Endpoint>, shared: &Arc<Shared>) {
         let current = &mut self.entries[pos].0;
-        if current == endpoint {
+        if Arc::ptr_eq(current, endpoint) || current == endpoint {
             return;
         }
         let same_place = current.cluster == endpoint.cluster && current.zone == endpoint.zone;
-        *current = endpoint.clone();
+        *current = Arc::clone(endpoint);
         let old = self.slot(pos);
         let next = if same_place {
-            old.successor(endpoint.clone())
+            old.successor(Arc::clone(endpoint))
         } else {
             old.retire();
-            EndpointState::new(endpoint.clone(), Arc::clone(shared))
+            EndpointState::new(Arc::clone(endpoint), Arc::clone(shared))
         };
         self.set(pos, Some(next));
     }
 
-    fn push(&mut self, endpoint: Endpoint, stamp: u64, state: EndpointState) -> usize {
+    fn push(&mut self, endpoint: Arc<Endpoint>, stamp: u64, state: EndpointState) -> usize {
         let pos = self.entries.len();
         if pos >> SHIFT == self.chunks.len() {
             self.chunks.push(Arc::new(Chunk::empty()));
@@ -222,7 +222,7 @@ impl Layout {
     pub(crate) fn update(
         &mut self,
         tier_count: usize,
-        set: &[(&Endpoint, usize)],
+        set: &[(&Arc<Endpoint>, usize)],
         shared: &Arc<Shared>,
     ) {
         debug_assert!(set.windows(2).all(|w| w[0].0.addr < w[1].0.addr));
@@ -246,8 +246,8 @@ impl Layout {
             }
         }
         let placed = added.into_iter().map(|(endpoint, tier)| {
-            let state = EndpointState::new(endpoint.clone(), Arc::clone(shared));
-            let pos = self.tiers[tier].push(endpoint.clone(), stamp, state);
+            let state = EndpointState::new(Arc::clone(endpoint), Arc::clone(shared));
+            let pos = self.tiers[tier].push(Arc::clone(endpoint), stamp, state);
             (endpoint.addr, (tier, pos))
         });
         if self.index.is_empty() {
@@ -274,7 +274,7 @@ impl Layout {
         &mut self,
         tier_count: usize,
         addr: SocketAddr,
-        desired: Option<(&Endpoint, usize)>,
+        desired: Option<(&Arc<Endpoint>, usize)>,
         shared: &Arc<Shared>,
     ) {
         self.ensure_tiers(tier_count);
@@ -288,8 +288,8 @@ impl Layout {
                     self.remove(at, pos);
                 }
                 if let Some((endpoint, tier)) = desired {
-                    let state = EndpointState::new(endpoint.clone(), Arc::clone(shared));
-                    let pos = self.tiers[tier].push(endpoint.clone(), self.stamp, state);
+                    let state = EndpointState::new(Arc::clone(endpoint), Arc::clone(shared));
+                    let pos = self.tiers[tier].push(Arc::clone(endpoint), self.stamp, state);
                     self.index.insert(addr, (tier, pos));
                 }
             }
@@ -341,11 +341,11 @@ mod tests {
     use crate::ClusterId;
     use crate::endpoints::BalancerConfig;
 
-    fn ep(i: u16, cluster: &str) -> Endpoint {
-        Endpoint::ready(
+    fn ep(i: u16, cluster: &str) -> Arc<Endpoint> {
+        Arc::new(Endpoint::ready(
             SocketAddr::from(([10, 0, (i >> 8) as u8, i as u8], 80)),
             ClusterId::new(cluster).unwrap(),
-        )
+        ))
     }
 
     fn shared() -> Arc<Shared> {
@@ -362,7 +362,7 @@ mod tests {
     #[test]
     fn built_in_address_order_then_stable_positions() {
         let shared = shared();
-        let all: Vec<Endpoint> = (0..200).map(|i| ep(i, "a")).collect();
+        let all: Vec<Arc<Endpoint>> = (0..200).map(|i| ep(i, "a")).collect();
         let mut layout = Layout::default();
         let set: Vec<_> = all.iter().map(|e| (e, 0)).collect();
         layout.update(1, &set, &shared);
@@ -405,7 +405,7 @@ mod tests {
         layout.update(2, &[(&b, 1)], &shared);
         let tiers = layout.tiers(2);
         assert!(tiers[0].is_empty());
-        assert_eq!(tiers[1][0].endpoint(), &b);
+        assert_eq!(tiers[1][0].endpoint(), &*b);
         assert_eq!(first.ejection_word(), super::super::state::RETIRED);
         layout.update(2, &[], &shared);
         assert!(layout.tiers(2).iter().all(Tier::is_empty));

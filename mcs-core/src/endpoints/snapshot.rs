@@ -14,6 +14,9 @@ use super::state::{EndpointState, RETIRED, Shared};
 use crate::ClusterId;
 use crate::discovery::{Endpoint, EndpointTable};
 
+/// An address a change touched, with its discovery-table entry before the change.
+pub(crate) type Touched = (SocketAddr, Option<Arc<Endpoint>>);
+
 /// An immutable view of a target's endpoints, grouped into tiers.
 ///
 /// Only endpoints a pick may use are in it: eligible clusters, in a tier of the
@@ -159,7 +162,7 @@ impl Snapshot {
     /// plus O(n log n) for rings. Off the request path.
     pub(crate) fn build(
         table: &EndpointTable,
-        changed: Option<&[(SocketAddr, Option<Endpoint>)]>,
+        changed: Option<&[Touched]>,
         rules: &Rules<'_>,
         shared: &Arc<Shared>,
         builder: &mut Builder,
@@ -180,7 +183,7 @@ impl Snapshot {
             Some((changed, counts)) => {
                 let mode = builder.mode.unwrap_or_default();
                 for (addr, _) in changed {
-                    let desired = table.get(addr).and_then(|e| {
+                    let desired = table.get_shared(addr).and_then(|e| {
                         let class = rules.class(e)?;
                         mode.admits(class).then_some((e, class.tier))
                     });
@@ -190,13 +193,13 @@ impl Snapshot {
             }
             None => {
                 let mut counts = Counts::default();
-                let classes: Vec<(&Endpoint, Class)> = table
-                    .endpoints()
+                let classes: Vec<(&Arc<Endpoint>, Class)> = table
+                    .shared()
                     .filter_map(|e| rules.class(e).map(|c| (e, c)))
                     .inspect(|&(_, c)| counts.count(Some(c), 1))
                     .collect();
                 let mode = counts.mode(rules.prefer_same_zone());
-                let set: Vec<(&Endpoint, usize)> = classes
+                let set: Vec<(&Arc<Endpoint>, usize)> = classes
                     .into_iter()
                     .filter(|&(_, c)| mode.admits(c))
                     .map(|(e, c)| (e, c.tier))

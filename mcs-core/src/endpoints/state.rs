@@ -14,6 +14,7 @@
 //! shared counter *before* a `0 → d` transition and released exactly once on `d → 0` or
 //! `d → RETIRED`, so the number of ejected endpoints never exceeds the cap.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -61,21 +62,24 @@ impl Drop for EndpointState {
 /// The counters a pick reads and a completion writes. Its `Arc` strong count is
 /// `holders` (the [`EndpointState`] handles) plus the requests in flight.
 ///
-/// What a least-loaded p2c candidate costs is read from the first 32 bytes of the
-/// allocation: the `Arc` counts, `holders` and `ejected_until`.
+/// What a pick reads is in the first 64 bytes of the allocation: the `Arc` counts,
+/// `holders`, `ejected_until` and the address. The endpoint itself is the discovery
+/// table's `Arc`, so building a state allocates only this (128 bytes), and the states of
+/// a set built at once sit close together.
 #[derive(Debug)]
 #[repr(C)]
 pub(crate) struct Live {
     holders: AtomicU32,
     consecutive_failures: AtomicU32,
     ejected_until: AtomicU64,
+    addr: SocketAddr,
     rtt_bits: AtomicU64,
     rtt_at: AtomicU64,
-    ejections: AtomicU32,
     last_ejection_end: AtomicU64,
     key: u64,
+    ejections: AtomicU32,
     shared: Arc<Shared>,
-    endpoint: Endpoint,
+    endpoint: Arc<Endpoint>,
 }
 
 impl EndpointState {
@@ -128,7 +132,7 @@ impl EndpointState {
         live.record(outcome == Outcome::Success, latency, live.shared.nanos(now))
     }
 
-    pub(crate) fn new(endpoint: Endpoint, shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(endpoint: Arc<Endpoint>, shared: Arc<Shared>) -> Self {
         Self {
             live: Arc::new(Live {
                 holders: AtomicU32::new(1),
@@ -139,6 +143,7 @@ impl EndpointState {
                 rtt_at: AtomicU64::new(0),
                 last_ejection_end: AtomicU64::new(0),
                 key: hash::addr_key(&endpoint.addr),
+                addr: endpoint.addr,
                 shared,
                 endpoint,
             }),
@@ -148,7 +153,7 @@ impl EndpointState {
     /// The state for a changed `endpoint` at the same address: measurements, failures
     /// and the ejection (with its slot) move over; in-flight requests keep counting on
     /// `self`, which is retired.
-    pub(crate) fn successor(&self, endpoint: Endpoint) -> Self {
+    pub(crate) fn successor(&self, endpoint: Arc<Endpoint>) -> Self {
         let old = &*self.live;
         let next = Self::new(endpoint, Arc::clone(&old.shared));
         let new = &*next.live;
@@ -259,6 +264,12 @@ impl EndpointState {
 }
 
 impl Live {
+    /// The endpoint's address.
+    #[inline]
+    pub(crate) fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
     /// The endpoint.
     #[inline]
     pub(crate) fn endpoint(&self) -> &Endpoint {
@@ -465,3 +476,21 @@ pub(crate) struct EwmaParams {
 }
 
 const COUNT_MASK: u64 = 0xffff_ffff;
+
+#[cfg(test)]
+mod tests {
+    use std::mem::{offset_of, size_of};
+
+    use super::*;
+
+    #[test]
+    fn what_a_pick_reads_is_in_the_first_64_bytes() {
+        // The `Arc` counts take the first 16 bytes of the allocation, so `Live` offsets
+        // below 48 are in its first 64 bytes.
+        assert!(offset_of!(Live, holders) < 48);
+        assert!(offset_of!(Live, ejected_until) + 8 <= 48);
+        assert!(offset_of!(Live, addr) + size_of::<SocketAddr>() <= 48);
+        // With the `Arc` counts, a state is at most two cache lines.
+        assert!(size_of::<Live>() + 16 <= 128, "{}", size_of::<Live>());
+    }
+}
