@@ -286,8 +286,15 @@ impl Balancer {
                 self.pick_from(snapshot, ctx, rr)
             }
             // Only if a pick re-entered on this thread (a pick never calls out).
-            Err(_) => self.pick_from(&self.snapshot.load(), ctx, &mut self.next_rr_start()),
+            Err(_) => self.pick_uncached(ctx),
         }
+    }
+
+    /// A pick without this thread's cache (out of line: never taken in practice).
+    #[cold]
+    #[inline(never)]
+    fn pick_uncached(&self, ctx: PickContext) -> Result<Picked, PickError> {
+        self.pick_from(&self.snapshot.load(), ctx, &mut self.next_rr_start())
     }
 
     /// Where a thread starts going round: spread apart so threads do not move in step.
@@ -320,9 +327,44 @@ impl Balancer {
         }
         let plan = snap.plan();
         let generation = self.shared.generation.load(Ordering::Relaxed);
-        let now = if plan.is_quiet(generation) {
-            // Nothing in this snapshot is ejected: health needs no time (and converting
-            // an `Instant` costs ~100 instructions).
+        // The plan only ever chooses a tier with endpoints (its totals are the tiers'
+        // sizes).
+        let (tier_index, panic, quiet, now) = match plan.settled(generation) {
+            // One tier takes everything and nothing is ejected: health needs no time (and
+            // converting an `Instant` costs ~100 instructions).
+            Some(tier) => (tier, false, true, u64::MAX),
+            None => self.unsettled_plan(snap, &ctx, generation)?,
+        };
+        let tier = &snap.tiers()[tier_index];
+        let state = match ctx.affinity {
+            Some(key) => by_affinity(snap, tier_index, key, panic, now),
+            // Nothing is ejected: no endpoint's health needs reading.
+            None if quiet => self.by_policy(tier, ctx, rr, |_| true, panic, now),
+            None => {
+                let usable = |s: &EndpointState| panic || s.usable(now);
+                self.by_policy(tier, ctx, rr, usable, panic, now)
+            }
+        };
+        Ok(Picked {
+            live: state.begin(),
+            tier: tier_index,
+        })
+    }
+
+    /// The tier for a pick when the plan is not settled (several tiers take load, one is
+    /// in panic, or something is ejected): the tier, whether it is in panic, whether
+    /// nothing is ejected, and the time in the plan's units (`u64::MAX` when that is not
+    /// needed).
+    #[inline(always)]
+    fn unsettled_plan(
+        &self,
+        snap: &Snapshot,
+        ctx: &PickContext,
+        generation: u64,
+    ) -> Result<(usize, bool, bool, u64), PickError> {
+        let plan = snap.plan();
+        let quiet = plan.is_quiet(generation);
+        let now = if quiet {
             u64::MAX
         } else {
             let now = self.shared.nanos(ctx.now);
@@ -332,26 +374,26 @@ impl Balancer {
             now
         };
         let tier_random = || mix64(ctx.affinity.unwrap_or(ctx.random) ^ TIER_SALT);
-        let (mut tier_index, panic) = plan.choose(tier_random).ok_or(PickError::NoEndpoints)?;
-        let tiers = snap.tiers();
-        if tiers[tier_index].is_empty() {
-            // Only while another pick rewrites the plan: take the first non-empty tier.
-            tier_index = tiers.iter().position(|t| !t.is_empty()).unwrap_or(0);
+        let (tier, panic) = plan.choose(tier_random).ok_or(PickError::NoEndpoints)?;
+        Ok((tier, panic, quiet, now))
+    }
+
+    /// The configured policy's choice in `tier`.
+    #[inline(always)]
+    fn by_policy<'t>(
+        &self,
+        tier: &'t Tier,
+        ctx: PickContext,
+        rr: &mut u32,
+        usable: impl Fn(&EndpointState) -> bool,
+        panic: bool,
+        now: u64,
+    ) -> &'t EndpointState {
+        match self.policy {
+            Policy::RoundRobin => tier.at(round_robin(tier, rr, &usable)),
+            Policy::LeastLoaded => p2c(tier, ctx.random, &usable, EndpointState::pick_load),
+            Policy::PeakEwma => self.by_peak_ewma(tier, ctx.random, ctx.now, panic, now),
         }
-        let tier = &tiers[tier_index];
-        let usable = |s: &EndpointState| panic || s.usable(now);
-        let state = match ctx.affinity {
-            Some(key) => by_affinity(snap, tier_index, key, panic, now),
-            None => match self.policy {
-                Policy::RoundRobin => tier.at(round_robin(tier, rr, &usable)),
-                Policy::LeastLoaded => p2c(tier, ctx.random, &usable, EndpointState::load),
-                Policy::PeakEwma => self.by_peak_ewma(tier, ctx, panic, now),
-            },
-        };
-        Ok(Picked {
-            live: state.begin(),
-            tier: tier_index,
-        })
     }
 
     /// p2c on peak-EWMA cost, out of line so the other policies' picks carry none of its
@@ -360,7 +402,8 @@ impl Balancer {
     fn by_peak_ewma<'t>(
         &self,
         tier: &'t Tier,
-        ctx: PickContext,
+        random: u64,
+        instant: Instant,
         panic: bool,
         now: u64,
     ) -> &'t EndpointState {
@@ -368,12 +411,12 @@ impl Balancer {
         let clock = std::cell::OnceCell::new();
         let now_for_decay = || {
             *clock.get_or_init(|| match now {
-                u64::MAX => self.shared.nanos(ctx.now),
+                u64::MAX => self.shared.nanos(instant),
                 now => now,
             })
         };
         let usable = |s: &EndpointState| panic || s.usable(now);
-        p2c(tier, ctx.random, &usable, |s| {
+        p2c(tier, random, &usable, |s| {
             s.ewma_cost(now_for_decay, params)
         })
     }

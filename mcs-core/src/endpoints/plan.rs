@@ -77,6 +77,10 @@ pub(crate) struct Plan {
     /// `tier | PANIC` when one tier takes everything, `MULTI` otherwise, `NOTHING` when
     /// nothing can be picked.
     single: AtomicU64,
+    /// The stamp while one tier takes every pick, out of panic, and nothing the plan
+    /// covers is ejected (the common case), so one compare tells a pick all of that;
+    /// `u64::MAX` otherwise.
+    settled: AtomicU64,
     tiers: Box<[TierPlan]>,
 }
 
@@ -96,6 +100,7 @@ impl Plan {
             valid_until: AtomicU64::new(0),
             busy: AtomicBool::new(false),
             single: AtomicU64::new(NOTHING),
+            settled: AtomicU64::new(u64::MAX),
             tiers: totals
                 .map(|t| TierPlan {
                     total: u32::try_from(t).unwrap_or(u32::MAX),
@@ -120,6 +125,21 @@ impl Plan {
     pub(crate) fn is_quiet(&self, generation: u64) -> bool {
         self.stamp.load(Ordering::Relaxed) == generation
             && self.valid_until.load(Ordering::Relaxed) == u64::MAX
+    }
+
+    /// The one tier every pick goes to, if the plan is current at `generation`, nothing
+    /// is ejected and that tier is not in panic. Cost: one relaxed load and a compare,
+    /// and one more load when it holds.
+    #[inline]
+    pub(crate) fn settled(&self, generation: u64) -> Option<usize> {
+        if self.settled.load(Ordering::Relaxed) != generation {
+            return None;
+        }
+        // A pick that read an older generation can get here while another one rewrites
+        // the plan; any tier `single` names then still has endpoints, and anything else
+        // takes the long way.
+        let single = self.single.load(Ordering::Relaxed);
+        (single < PANIC).then_some(single as usize)
     }
 
     /// Takes the right to recompute; `false` if another pick is at it.
@@ -147,6 +167,7 @@ impl Plan {
         stamp: u64,
         valid_until: u64,
     ) {
+        self.settled.store(u64::MAX, Ordering::Relaxed);
         let tiers = &self.tiers;
         let mut cumulative = 0.0_f64;
         let mut last_loaded = None;
@@ -186,6 +207,14 @@ impl Plan {
         self.single.store(single, Ordering::Relaxed);
         self.valid_until.store(valid_until, Ordering::Relaxed);
         self.stamp.store(stamp, Ordering::Release);
+        let settled = valid_until == u64::MAX
+            && single != MULTI
+            && single != NOTHING
+            && single & PANIC == 0
+            && stamp != u64::MAX;
+        if settled {
+            self.settled.store(stamp, Ordering::Relaxed);
+        }
     }
 
     /// The tier for a pick and whether it is in panic; `None` when nothing can be
@@ -320,5 +349,36 @@ mod tests {
         }
         plan.compute(1.4, 0.5, 8, u64::MAX);
         assert_eq!(plan.choose(|| unreachable!()), Some((0, false)));
+    }
+
+    #[test]
+    fn settled_only_for_one_tier_out_of_panic_with_nothing_ejected() {
+        let plan = Plan::new([0usize, 10, 10].into_iter());
+        let compute = |healthy: [u32; 3], stamp, valid_until| {
+            for (i, h) in healthy.into_iter().enumerate() {
+                plan.set_healthy(i, h);
+            }
+            plan.compute(1.4, 0.5, stamp, valid_until);
+        };
+        assert_eq!(plan.settled(0), None, "never computed");
+        compute([0, 10, 10], 3, u64::MAX);
+        assert_eq!(plan.settled(3), Some(1));
+        assert_eq!(plan.settled(4), None, "another generation");
+        compute([0, 10, 10], 4, 99);
+        assert_eq!(plan.settled(4), None, "an ejection ends at 99");
+        compute([0, 5, 10], 5, u64::MAX);
+        assert_eq!(plan.choose(|| u64::MAX), Some((2, false)));
+        assert_eq!(plan.settled(5), None, "two tiers take load");
+        compute([0, 0, 0], 7, u64::MAX);
+        assert_eq!(plan.settled(7), None);
+
+        let one = Plan::new([10usize].into_iter());
+        one.set_healthy(0, 4);
+        one.compute(1.4, 0.5, 1, u64::MAX);
+        assert_eq!(one.choose(|| unreachable!()), Some((0, true)));
+        assert_eq!(one.settled(1), None, "in panic");
+        one.set_healthy(0, 10);
+        one.compute(1.4, 0.5, 2, u64::MAX);
+        assert_eq!(one.settled(2), Some(0));
     }
 }

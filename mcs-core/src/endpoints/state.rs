@@ -214,12 +214,18 @@ impl EndpointState {
     }
 
     /// p2c least-loaded cost, the in-flight count. Cost: two relaxed loads from one cache
-    /// line.
-    #[inline]
-    pub(crate) fn load(&self) -> u32 {
+    /// line and a subtraction.
+    #[inline(always)]
+    pub(crate) fn pick_load(&self) -> usize {
         let holders = self.live.holders.load(Ordering::Relaxed) as usize;
-        let in_flight = Arc::strong_count(&self.live).saturating_sub(holders);
-        u32::try_from(in_flight).unwrap_or(u32::MAX)
+        // Saturating: a handle dropped between the two loads can make the strong count
+        // read below the holders read before it.
+        Arc::strong_count(&self.live).saturating_sub(holders)
+    }
+
+    /// The in-flight count, saturated to `u32`.
+    pub(crate) fn load(&self) -> u32 {
+        u32::try_from(self.pick_load()).unwrap_or(u32::MAX)
     }
 
     /// p2c peak-EWMA cost: estimate × (in-flight + 1). Cost: two relaxed loads and a
