@@ -7,6 +7,10 @@
 //!   services wrapped in `load::PendingRequests` or `load::PeakEwma` (30 ms, 10 s):
 //!   `poll_ready` + `call` + await, driven by `futures::executor::block_on` (one
 //!   `block_on` per batch of iterations, so the executor is not what is measured).
+//! - `floor/p2c_least_loaded/<n>`: the hand-rolled minimum `CLIENT-LB.md` §3 measured, for
+//!   reference: an `ArcSwap` of `Vec<Arc<Ep>>` with an `AtomicU32` in-flight count per
+//!   endpoint, p2c on it, `fetch_add` and `fetch_sub`. No tiers, health, guard or live
+//!   state across swaps: the cost of the memory traffic a least-loaded pick cannot avoid.
 //! - `two_threads/<policy>/<n>`: two threads picking from one balancer at once; wall time
 //!   per pick per thread.
 //! - `swap/...`: a pick on 10,000 endpoints while another thread publishes a new
@@ -21,10 +25,11 @@ use std::future::{Ready, poll_fn, ready};
 use std::hint::black_box;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
 use mcs_core::ClusterId;
 use mcs_core::discovery::{Endpoint, Update};
@@ -158,6 +163,53 @@ fn tower_baseline(c: &mut Criterion) {
         drive(&mut balance, 16);
         group.bench_function(BenchmarkId::new("peak_ewma", n), |bench| {
             bench.iter_custom(|iters| drive(&mut balance, iters));
+        });
+    }
+    group.finish();
+}
+
+/// One endpoint of the hand-rolled floor.
+struct FloorEndpoint {
+    in_flight: AtomicU32,
+    addr: SocketAddr,
+}
+
+/// One request through the hand-rolled floor: load the snapshot, p2c on the in-flight
+/// counts, count the request in flight, read the address, count it out.
+#[inline]
+fn floor_pick(set: &ArcSwap<Vec<Arc<FloorEndpoint>>>, random: u64) {
+    let set = set.load();
+    let n = set.len() as u64;
+    let a = (((random & 0xffff_ffff) * n) >> 32) as usize;
+    let mut b = (((random >> 32) * (n - 1)) >> 32) as usize;
+    if b >= a {
+        b += 1;
+    }
+    let (ea, eb) = (&set[a], &set[b]);
+    let load = |e: &FloorEndpoint| e.in_flight.load(Ordering::Relaxed);
+    let e = if load(eb) < load(ea) { eb } else { ea };
+    e.in_flight.fetch_add(1, Ordering::Relaxed);
+    black_box(e.addr);
+    e.in_flight.fetch_sub(1, Ordering::Relaxed);
+}
+
+fn floor(c: &mut Criterion) {
+    let mut group = c.benchmark_group("floor");
+    for n in SIZES {
+        let set = ArcSwap::from_pointee(
+            endpoints(n)
+                .into_iter()
+                .map(|e| {
+                    Arc::new(FloorEndpoint {
+                        in_flight: AtomicU32::new(0),
+                        addr: e.addr,
+                    })
+                })
+                .collect::<Vec<_>>(),
+        );
+        let mut rng = fastrand::Rng::with_seed(n as u64);
+        group.bench_function(BenchmarkId::new("p2c_least_loaded", n), |bench| {
+            bench.iter(|| floor_pick(&set, rng.u64(..)));
         });
     }
     group.finish();
@@ -313,6 +365,7 @@ criterion_group!(
     benches,
     ours,
     tower_baseline,
+    floor,
     two_threads,
     swapping,
     building

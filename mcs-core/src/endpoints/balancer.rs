@@ -270,6 +270,7 @@ impl Balancer {
     ///
     /// Each thread that picks keeps the snapshot it last used until its next pick, so a
     /// replaced snapshot lives on until every such thread has picked again.
+    #[inline]
     pub fn pick(&self, ctx: PickContext) -> Result<Picked, PickError> {
         let version = self.version.0.load(Ordering::Acquire);
         let cell = match self.cache.get() {
