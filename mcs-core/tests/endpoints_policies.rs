@@ -151,6 +151,22 @@ fn round_robin_cycles() {
             assert!(counts.values().all(|&c| c == 100), "{counts:?}");
         }
     });
+    // The tier shrinks under this thread's position: it goes round the smaller one.
+    for picks in 0..5 {
+        b.apply(Update::Reset((0..5).map(ep).collect()));
+        for r in 0..picks {
+            b.pick(PickContext::new(r, t0)).unwrap();
+        }
+        b.apply(Update::Remove(vec![ep(3).addr, ep(4).addr]));
+        let mut counts = BTreeMap::new();
+        for r in 0..300 {
+            *counts
+                .entry(b.pick(PickContext::new(r, t0)).unwrap().addr())
+                .or_insert(0) += 1;
+        }
+        assert_eq!(counts.len(), 3);
+        assert!(counts.values().all(|&c| c == 100), "{counts:?}");
+    }
 }
 
 #[test]

@@ -485,12 +485,17 @@ impl Balancer {
 }
 
 /// Round robin over `tier` from this thread's position `rr`, skipping unusable
-/// endpoints. Cost: a 32-bit division; a scan only past ejected endpoints.
+/// endpoints. Cost: a compare; a division only when the position is past the end (a
+/// thread's first pick, or a tier that shrank); a scan only past ejected endpoints.
 #[inline]
 fn round_robin(tier: &Tier, rr: &mut u32, usable: &impl Fn(&EndpointState) -> bool) -> usize {
     let n = tier.len();
-    let start = (*rr % n as u32) as usize;
-    *rr = rr.wrapping_add(1);
+    let mut start = *rr as usize;
+    if start >= n {
+        start = if start == n { 0 } else { start % n };
+    }
+    // Tiers hold fewer than 2^32 endpoints.
+    *rr = (start + 1) as u32;
     if usable(tier.at(start)) {
         return start;
     }
