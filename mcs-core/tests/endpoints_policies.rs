@@ -120,31 +120,27 @@ fn least_loaded_evens_out_in_flight() {
     assert!(snap.tiers()[0].iter().all(|s| s.in_flight() == 0));
 }
 
-#[test]
-fn round_robin_cycles() {
-    let t0 = Instant::now();
-    let b = balancer(Policy::RoundRobin, 5, t0);
+/// How many of `picks` picks went to each address.
+fn pick_counts(b: &Balancer, picks: u64, t0: Instant) -> BTreeMap<SocketAddr, u32> {
     let mut counts = BTreeMap::new();
-    for r in 0..500 {
+    for r in 0..picks {
         *counts
             .entry(b.pick(PickContext::new(r, t0)).unwrap().addr())
             .or_insert(0) += 1;
     }
+    counts
+}
+
+#[test]
+fn round_robin_cycles() {
+    let t0 = Instant::now();
+    let b = balancer(Policy::RoundRobin, 5, t0);
+    let counts = pick_counts(&b, 500, t0);
     assert_eq!(counts.len(), 5);
     assert!(counts.values().all(|&c| c == 100), "{counts:?}");
     // Each thread cycles on its own: exact per thread, whatever the other one does.
     std::thread::scope(|s| {
-        let picks = [0u64, 1].map(|_| {
-            s.spawn(|| {
-                let mut counts = BTreeMap::new();
-                for r in 0..500 {
-                    *counts
-                        .entry(b.pick(PickContext::new(r, t0)).unwrap().addr())
-                        .or_insert(0) += 1;
-                }
-                counts
-            })
-        });
+        let picks = [0u64, 1].map(|_| s.spawn(|| pick_counts(&b, 500, t0)));
         for thread in picks {
             let counts = thread.join().unwrap();
             assert_eq!(counts.len(), 5);
@@ -158,12 +154,7 @@ fn round_robin_cycles() {
             b.pick(PickContext::new(r, t0)).unwrap();
         }
         b.apply(Update::Remove(vec![ep(3).addr, ep(4).addr]));
-        let mut counts = BTreeMap::new();
-        for r in 0..300 {
-            *counts
-                .entry(b.pick(PickContext::new(r, t0)).unwrap().addr())
-                .or_insert(0) += 1;
-        }
+        let counts = pick_counts(&b, 300, t0);
         assert_eq!(counts.len(), 3);
         assert!(counts.values().all(|&c| c == 100), "{counts:?}");
     }
