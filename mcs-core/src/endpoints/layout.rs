@@ -179,7 +179,8 @@ impl TierBuilder {
     /// fresh one if its cluster or zone did.
     fn replace(&mut self, pos: usize, endpoint: &Arc<Endpoint>, shared: &Arc<Shared>) {
         let current = &mut self.entries[pos].0;
-        if Arc::ptr_eq(current, endpoint) || current == endpoint {
+        // `Arc`'s equality compares pointers before values.
+        if current == endpoint {
             return;
         }
         let same_place = current.cluster == endpoint.cluster && current.zone == endpoint.zone;
@@ -194,13 +195,15 @@ impl TierBuilder {
         self.set(pos, Some(next));
     }
 
-    fn push(&mut self, endpoint: Arc<Endpoint>, stamp: u64, state: EndpointState) -> usize {
+    /// Appends `endpoint` with a fresh state; returns its position.
+    fn push(&mut self, endpoint: &Arc<Endpoint>, stamp: u64, shared: &Arc<Shared>) -> usize {
+        let state = EndpointState::new(Arc::clone(endpoint), Arc::clone(shared));
         let pos = self.entries.len();
         if pos >> SHIFT == self.chunks.len() {
             self.chunks.push(Arc::new(Chunk::empty()));
         }
         self.set(pos, Some(state));
-        self.entries.push((endpoint, stamp));
+        self.entries.push((Arc::clone(endpoint), stamp));
         pos
     }
 
@@ -246,8 +249,7 @@ impl Layout {
             }
         }
         let placed = added.into_iter().map(|(endpoint, tier)| {
-            let state = EndpointState::new(Arc::clone(endpoint), Arc::clone(shared));
-            let pos = self.tiers[tier].push(Arc::clone(endpoint), stamp, state);
+            let pos = self.tiers[tier].push(endpoint, stamp, shared);
             (endpoint.addr, (tier, pos))
         });
         if self.index.is_empty() {
@@ -288,8 +290,7 @@ impl Layout {
                     self.remove(at, pos);
                 }
                 if let Some((endpoint, tier)) = desired {
-                    let state = EndpointState::new(Arc::clone(endpoint), Arc::clone(shared));
-                    let pos = self.tiers[tier].push(Arc::clone(endpoint), self.stamp, state);
+                    let pos = self.tiers[tier].push(endpoint, self.stamp, shared);
                     self.index.insert(addr, (tier, pos));
                 }
             }

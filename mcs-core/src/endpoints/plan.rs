@@ -139,7 +139,7 @@ impl Plan {
         // the plan; any tier `single` names then still has endpoints, and anything else
         // takes the long way.
         let single = self.single.load(Ordering::Relaxed);
-        (single < PANIC).then_some(single as usize)
+        is_plain_tier(single).then_some(single as usize)
     }
 
     /// Takes the right to recompute; `false` if another pick is at it.
@@ -207,12 +207,7 @@ impl Plan {
         self.single.store(single, Ordering::Relaxed);
         self.valid_until.store(valid_until, Ordering::Relaxed);
         self.stamp.store(stamp, Ordering::Release);
-        let settled = valid_until == u64::MAX
-            && single != MULTI
-            && single != NOTHING
-            && single & PANIC == 0
-            && stamp != u64::MAX;
-        if settled {
+        if valid_until == u64::MAX && is_plain_tier(single) && stamp != u64::MAX {
             self.settled.store(stamp, Ordering::Relaxed);
         }
     }
@@ -269,6 +264,12 @@ fn flag(panic: bool) -> u64 {
 const SCALE: f64 = 4_294_967_296.0;
 const FULL: u64 = 1 << 32;
 const PANIC: u64 = 1 << 40;
+
+/// Whether a `single` word names a tier without a flag (not in panic, not `MULTI` or
+/// `NOTHING`, which are both above `PANIC`).
+fn is_plain_tier(single: u64) -> bool {
+    single < PANIC
+}
 const MULTI: u64 = u64::MAX - 1;
 const NOTHING: u64 = u64::MAX;
 
