@@ -164,6 +164,46 @@ struct Cached {
     /// This thread's round-robin position: each thread goes round on its own (as each
     /// Envoy worker does), so round robin writes no shared counter.
     rr: u32,
+    /// The tier settled picks of `snapshot` last came from, with its index
+    /// (`usize::MAX`: none yet). Held here, a settled pick goes from this entry straight
+    /// to the tier's chunk list instead of through the snapshot and its tier list.
+    settled: SettledTier,
+}
+
+/// A thread's handle on the tier that takes every pick while the plan is settled.
+#[derive(Debug)]
+struct SettledTier {
+    index: usize,
+    tier: Tier,
+}
+
+impl SettledTier {
+    const NONE: usize = usize::MAX;
+
+    fn none() -> Self {
+        Self {
+            index: Self::NONE,
+            tier: Tier::default(),
+        }
+    }
+
+    /// Tier `index` of `snap`, the snapshot this handle was taken from.
+    #[inline(always)]
+    fn get(&mut self, snap: &Snapshot, index: usize) -> &Tier {
+        if self.index != index {
+            self.take(snap, index);
+        }
+        &self.tier
+    }
+
+    /// Takes a handle on tier `index` (after a publication, or once the plan settles on
+    /// another tier).
+    #[cold]
+    #[inline(never)]
+    fn take(&mut self, snap: &Snapshot, index: usize) {
+        self.tier = snap.tiers()[index].clone();
+        self.index = index;
+    }
 }
 
 #[derive(Debug, Default)]
@@ -280,11 +320,15 @@ impl Balancer {
         match cell.try_borrow_mut() {
             Ok(mut cached) => {
                 if cached.version != version {
-                    cached.snapshot = self.snapshot.load_full();
-                    cached.version = version;
+                    self.refresh(&mut cached, version);
                 }
-                let Cached { snapshot, rr, .. } = &mut *cached;
-                self.pick_from(snapshot, ctx, rr)
+                let Cached {
+                    snapshot,
+                    rr,
+                    settled,
+                    ..
+                } = &mut *cached;
+                self.pick_from(snapshot, ctx, rr, settled)
             }
             // Only if a pick re-entered on this thread (a pick never calls out).
             Err(_) => self.pick_uncached(ctx),
@@ -295,7 +339,17 @@ impl Balancer {
     #[cold]
     #[inline(never)]
     fn pick_uncached(&self, ctx: PickContext) -> Result<Picked, PickError> {
-        self.pick_from(&self.snapshot.load(), ctx, &mut self.next_rr_start())
+        let (mut rr, mut settled) = (self.next_rr_start(), SettledTier::none());
+        self.pick_from(&self.snapshot.load(), ctx, &mut rr, &mut settled)
+    }
+
+    /// Brings this thread's cache entry to the current snapshot (after a publication).
+    #[cold]
+    #[inline(never)]
+    fn refresh(&self, cached: &mut Cached, version: u64) {
+        cached.snapshot = self.snapshot.load_full();
+        cached.version = version;
+        cached.settled = SettledTier::none();
     }
 
     /// Where a thread starts going round: spread apart so threads do not move in step.
@@ -312,6 +366,7 @@ impl Balancer {
                 version: 0,
                 snapshot: self.snapshot.load_full(),
                 rr: self.next_rr_start(),
+                settled: SettledTier::none(),
             })
         })
     }
@@ -322,18 +377,47 @@ impl Balancer {
         snap: &Snapshot,
         ctx: PickContext,
         rr: &mut u32,
+        settled: &mut SettledTier,
     ) -> Result<Picked, PickError> {
         if !snap.pickable() {
             return Err(unpickable(snap));
         }
-        let plan = snap.plan();
         let generation = self.shared.generation.load(Ordering::Relaxed);
+        let settled_tier = snap.plan().settled(generation);
+        let (state, tier_index) = match settled_tier {
+            // One tier takes everything and nothing is ejected: no endpoint's health needs
+            // reading, nor the time (converting an `Instant` costs ~100 instructions).
+            Some(index) if ctx.affinity.is_none() => {
+                let tier = settled.get(snap, index);
+                (
+                    self.by_policy(tier, ctx, rr, |_| true, false, u64::MAX),
+                    index,
+                )
+            }
+            _ => self.pick_unsettled(snap, ctx, rr, generation, settled_tier)?,
+        };
+        Ok(Picked {
+            live: state.begin(),
+            tier: tier_index,
+        })
+    }
+
+    /// A pick when the plan is not settled (several tiers take load, one is in panic, or
+    /// something is ejected) or by affinity: out of line, so the settled pick's code stays
+    /// small. Returns the state and its tier.
+    #[inline(never)]
+    fn pick_unsettled<'s>(
+        &self,
+        snap: &'s Snapshot,
+        ctx: PickContext,
+        rr: &mut u32,
+        generation: u64,
+        settled_tier: Option<usize>,
+    ) -> Result<(&'s EndpointState, usize), PickError> {
         // The plan only ever chooses a tier with endpoints (its totals are the tiers'
         // sizes).
-        let (tier_index, panic, quiet, now) = match plan.settled(generation) {
-            // One tier takes everything and nothing is ejected: health needs no time (and
-            // converting an `Instant` costs ~100 instructions).
-            Some(tier) => (tier, false, true, u64::MAX),
+        let (tier_index, panic, quiet, now) = match settled_tier {
+            Some(index) => (index, false, true, u64::MAX),
             None => self.unsettled_plan(snap, &ctx, generation)?,
         };
         let tier = &snap.tiers()[tier_index];
@@ -346,10 +430,7 @@ impl Balancer {
                 self.by_policy(tier, ctx, rr, usable, panic, now)
             }
         };
-        Ok(Picked {
-            live: state.begin(),
-            tier: tier_index,
-        })
+        Ok((state, tier_index))
     }
 
     /// The tier for a pick when the plan is not settled (several tiers take load, one is
@@ -630,6 +711,39 @@ mod tests {
             "west",
             "east ejected, spill to west"
         );
+    }
+
+    #[test]
+    fn a_threads_settled_tier_follows_every_publication() {
+        // Every pick here is settled (one tier, nothing ejected), so each one goes
+        // through this thread's handle on the tier; it must never outlive a publication.
+        let t0 = Instant::now();
+        for policy in [Policy::RoundRobin, Policy::LeastLoaded, Policy::PeakEwma] {
+            let b = Balancer::new(
+                Locality::cluster(ClusterId::new("east").unwrap()),
+                BalancerConfig::default().policy(policy),
+                t0,
+            );
+            let picks = |b: &Balancer| {
+                (0..64)
+                    .map(|r| {
+                        let p = b.pick(PickContext::new(mix64(r), t0)).unwrap();
+                        (p.addr().ip().to_string(), p.tier())
+                    })
+                    .collect::<BTreeSet<_>>()
+            };
+            let at = |last: u8, tier| (format!("127.0.0.{last}"), tier);
+            b.apply(Update::Reset(vec![ep(1, "east"), ep(2, "east")]));
+            assert_eq!(picks(&b), [at(1, 1), at(2, 1)].into(), "{policy:?}");
+            b.apply(Update::Remove(vec![ep(1, "east").addr]));
+            assert_eq!(picks(&b), [at(2, 1)].into(), "{policy:?}: 1 left");
+            b.apply(Update::Add(vec![ep(3, "west")]));
+            assert_eq!(picks(&b), [at(2, 1)].into(), "{policy:?}: east still first");
+            b.apply(Update::Remove(vec![ep(2, "east").addr]));
+            assert_eq!(picks(&b), [at(3, 2)].into(), "{policy:?}: only west left");
+            b.apply(Update::Reset(vec![ep(4, "east")]));
+            assert_eq!(picks(&b), [at(4, 1)].into(), "{policy:?}: a new set");
+        }
     }
 
     proptest! {

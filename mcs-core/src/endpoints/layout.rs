@@ -46,7 +46,9 @@ impl Chunk {
 /// positions (see [`Snapshot::tiers`](super::Snapshot::tiers)).
 #[derive(Clone, Debug, Default)]
 pub struct Tier {
-    chunks: Box<[Arc<Chunk>]>,
+    /// Shared, so a picking thread can keep its own handle on the tier it picks from
+    /// (one pointer less to follow per pick) for the cost of a reference count.
+    chunks: Arc<[Arc<Chunk>]>,
     len: usize,
 }
 
