@@ -164,9 +164,9 @@ struct Cached {
     /// This thread's round-robin position: each thread goes round on its own (as each
     /// Envoy worker does), so round robin writes no shared counter.
     rr: u32,
-    /// The tier settled picks of `snapshot` last came from, with its index
-    /// (`usize::MAX`: none yet). Held here, a settled pick goes from this entry straight
-    /// to the tier's chunk list instead of through the snapshot and its tier list.
+    /// The tier settled picks of `snapshot` come from, once one has been made. Held here,
+    /// a settled pick goes from this entry straight to the tier's chunk list instead of
+    /// through the snapshot and its tier list.
     settled: SettledTier,
 }
 
@@ -196,8 +196,8 @@ impl SettledTier {
         &self.tier
     }
 
-    /// Takes a handle on tier `index` (after a publication, or once the plan settles on
-    /// another tier).
+    /// Takes a handle on tier `index` of `snap`: on the first settled pick after a
+    /// publication, and whenever the plan settles on another tier.
     #[cold]
     #[inline(never)]
     fn take(&mut self, snap: &Snapshot, index: usize) {
