@@ -163,7 +163,7 @@ impl EndpointTable {
             Update::Add(list) => {
                 let mut changed = false;
                 for e in list {
-                    if self.endpoints.get(&e.addr).map(|old| &**old) != Some(&e) {
+                    if self.get(&e.addr) != Some(&e) {
                         self.endpoints.insert(e.addr, Arc::new(e));
                         changed = true;
                     }

@@ -264,14 +264,14 @@ fn flag(panic: bool) -> u64 {
 const SCALE: f64 = 4_294_967_296.0;
 const FULL: u64 = 1 << 32;
 const PANIC: u64 = 1 << 40;
+const MULTI: u64 = u64::MAX - 1;
+const NOTHING: u64 = u64::MAX;
 
 /// Whether a `single` word names a tier without a flag (not in panic, not `MULTI` or
 /// `NOTHING`, which are both above `PANIC`).
 fn is_plain_tier(single: u64) -> bool {
     single < PANIC
 }
-const MULTI: u64 = u64::MAX - 1;
-const NOTHING: u64 = u64::MAX;
 
 #[cfg(test)]
 mod tests {
