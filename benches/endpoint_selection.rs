@@ -1,20 +1,29 @@
 //! Endpoint selection: our picks against tower's p2c balancer, in one run.
 //!
-//! - `pick/<policy>/<n>`: one pick plus its completion (`complete` with a latency for
-//!   peak-EWMA, a dropped guard otherwise) on one thread, for round robin, p2c on
-//!   in-flight load and p2c on peak-EWMA, over n = 2, 16, 128, 1,024 and 10,000 endpoints.
-//! - `tower/<load>/<n>`: tower 0.5 `balance::p2c::Balance` over a `ServiceList` of no-op
-//!   services wrapped in `load::PendingRequests` or `load::PeakEwma` (30 ms, 10 s):
-//!   `poll_ready` + `call` + await, driven by `futures::executor::block_on` (one
-//!   `block_on` per batch of iterations, so the executor is not what is measured).
-//! - `floor/p2c_least_loaded/<n>`: the hand-rolled minimum `CLIENT-LB.md` §3 measured, for
-//!   reference: an `ArcSwap` of `Vec<Arc<Ep>>` with an `AtomicU32` in-flight count per
-//!   endpoint, p2c on it, `fetch_add` and `fetch_sub`. No tiers, health, guard or live
-//!   state across swaps: the cost of the memory traffic a least-loaded pick cannot avoid.
+//! Each comparison is measured back to back at each size, so that the entries it compares
+//! are taken seconds apart rather than minutes (this VM's speed drifts by tens of percent
+//! over minutes):
+//!
+//! - `p2c_least_loaded/{ours,floor,tower}/<n>`: p2c on in-flight load, for n = 2, 16,
+//!   128, 1,024 and 10,000 endpoints.
+//!   - `ours`: one pick plus dropping its guard, on one thread.
+//!   - `floor`: the hand-rolled minimum `CLIENT-LB.md` §3 measured, for reference: an
+//!     `ArcSwap` of `Vec<Arc<Ep>>` with an `AtomicU32` in-flight count per endpoint, p2c on
+//!     it, `fetch_add` and `fetch_sub`. No tiers, health, guard or live state across swaps:
+//!     the cost of the memory traffic a least-loaded pick cannot avoid.
+//!   - `tower`: tower 0.5 `balance::p2c::Balance` over a `ServiceList` of no-op services
+//!     wrapped in `load::PendingRequests`: `poll_ready` + `call` + await, driven by
+//!     `futures::executor::block_on` (one `block_on` per batch of iterations, so the
+//!     executor is not what is measured).
+//! - `p2c_peak_ewma/{ours,tower}/<n>`: p2c on peak-EWMA cost. Ours is a pick plus
+//!   `complete` with a latency (where the decay happens); tower's wraps the services in
+//!   `load::PeakEwma` (30 ms, 10 s).
+//! - `round_robin/ours/<n>`: one pick plus dropping its guard.
 //! - `two_threads/<policy>/<n>`: two threads picking from one balancer at once; wall time
 //!   per pick per thread.
 //! - `swap/...`: a pick on 10,000 endpoints while another thread publishes a new
-//!   10,000-endpoint snapshot every millisecond, next to the same pick without swaps.
+//!   10,000-endpoint snapshot every millisecond, between the same pick without swaps
+//!   measured right before and right after (so drift shows as a gap between those two).
 //! - `build/...`: building a 10,000-endpoint snapshot: from a full reset into an empty
 //!   balancer, and the rebuild after a one-endpoint change (state carried over).
 //!
@@ -30,7 +39,10 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
+use criterion::measurement::WallTime;
+use criterion::{
+    BatchSize, BenchmarkGroup, BenchmarkId, Criterion, criterion_group, criterion_main,
+};
 use mcs_core::ClusterId;
 use mcs_core::discovery::{Endpoint, Update};
 use mcs_core::endpoints::{
@@ -42,12 +54,6 @@ use tower::discover::ServiceList;
 use tower::load::{CompleteOnResponse, PeakEwma, PendingRequests};
 
 const SIZES: [usize; 5] = [2, 16, 128, 1_024, 10_000];
-
-const POLICIES: [(&str, Policy); 3] = [
-    ("round_robin", Policy::RoundRobin),
-    ("p2c_least_loaded", Policy::LeastLoaded),
-    ("p2c_peak_ewma", Policy::PeakEwma),
-];
 
 fn endpoint(i: usize, cluster: &ClusterId) -> Endpoint {
     let i = u32::try_from(i).expect("bench sizes fit in u32");
@@ -83,18 +89,55 @@ fn one_pick(b: &Balancer, policy: Policy, random: u64, now: Instant) {
     }
 }
 
-fn ours(c: &mut Criterion) {
-    let mut group = c.benchmark_group("pick");
+/// Our pick under `policy` over `n` endpoints, as `ours/<n>` in `group`.
+fn bench_ours(group: &mut BenchmarkGroup<'_, WallTime>, policy: Policy, n: usize, base: Instant) {
+    let b = balancer(policy, n, base);
+    let now = Instant::now();
+    let mut rng = fastrand::Rng::with_seed(n as u64);
+    group.bench_function(BenchmarkId::new("ours", n), |bench| {
+        bench.iter(|| one_pick(&b, policy, rng.u64(..), now));
+    });
+}
+
+fn least_loaded(c: &mut Criterion) {
+    let mut group = c.benchmark_group("p2c_least_loaded");
     let base = Instant::now();
-    for (name, policy) in POLICIES {
-        for n in SIZES {
-            let b = balancer(policy, n, base);
-            let now = Instant::now();
-            let mut rng = fastrand::Rng::with_seed(n as u64);
-            group.bench_function(BenchmarkId::new(name, n), |bench| {
-                bench.iter(|| one_pick(&b, policy, rng.u64(..), now));
-            });
-        }
+    for n in SIZES {
+        bench_ours(&mut group, Policy::LeastLoaded, n, base);
+        bench_floor(&mut group, n);
+        let services = (0..n)
+            .map(|_| PendingRequests::new(Noop, CompleteOnResponse::default()))
+            .collect();
+        bench_tower(&mut group, services);
+    }
+    group.finish();
+}
+
+fn peak_ewma(c: &mut Criterion) {
+    let mut group = c.benchmark_group("p2c_peak_ewma");
+    let base = Instant::now();
+    for n in SIZES {
+        bench_ours(&mut group, Policy::PeakEwma, n, base);
+        let services = (0..n)
+            .map(|_| {
+                PeakEwma::new(
+                    Noop,
+                    Duration::from_millis(30),
+                    Duration::from_secs(10).as_nanos() as f64,
+                    CompleteOnResponse::default(),
+                )
+            })
+            .collect();
+        bench_tower(&mut group, services);
+    }
+    group.finish();
+}
+
+fn round_robin(c: &mut Criterion) {
+    let mut group = c.benchmark_group("round_robin");
+    let base = Instant::now();
+    for n in SIZES {
+        bench_ours(&mut group, Policy::RoundRobin, n, base);
     }
     group.finish();
 }
@@ -136,36 +179,19 @@ where
     })
 }
 
-fn tower_baseline(c: &mut Criterion) {
-    let mut group = c.benchmark_group("tower");
-    for n in SIZES {
-        let services: Vec<_> = (0..n)
-            .map(|_| PendingRequests::new(Noop, CompleteOnResponse::default()))
-            .collect();
-        let mut balance = Balance::new(ServiceList::new(services));
-        drive(&mut balance, 16); // discover every service
-        group.bench_function(BenchmarkId::new("pending_requests", n), |bench| {
-            bench.iter_custom(|iters| drive(&mut balance, iters));
-        });
-    }
-    for n in SIZES {
-        let services: Vec<_> = (0..n)
-            .map(|_| {
-                PeakEwma::new(
-                    Noop,
-                    Duration::from_millis(30),
-                    Duration::from_secs(10).as_nanos() as f64,
-                    CompleteOnResponse::default(),
-                )
-            })
-            .collect();
-        let mut balance = Balance::new(ServiceList::new(services));
-        drive(&mut balance, 16);
-        group.bench_function(BenchmarkId::new("peak_ewma", n), |bench| {
-            bench.iter_custom(|iters| drive(&mut balance, iters));
-        });
-    }
-    group.finish();
+/// tower's p2c balancer over `services` (no-op services wrapped in a load measure), as
+/// `tower/<n>` in `group`.
+fn bench_tower<L>(group: &mut BenchmarkGroup<'_, WallTime>, services: Vec<L>)
+where
+    L: Service<u32, Response = u32, Error = Infallible> + tower::load::Load,
+    L::Metric: std::fmt::Debug,
+{
+    let n = services.len();
+    let mut balance = Balance::new(ServiceList::new(services));
+    drive(&mut balance, 16); // discover every service
+    group.bench_function(BenchmarkId::new("tower", n), |bench| {
+        bench.iter_custom(|iters| drive(&mut balance, iters));
+    });
 }
 
 /// One endpoint of the hand-rolled floor.
@@ -193,26 +219,23 @@ fn floor_pick(set: &ArcSwap<Vec<Arc<FloorEndpoint>>>, random: u64) {
     e.in_flight.fetch_sub(1, Ordering::Relaxed);
 }
 
-fn floor(c: &mut Criterion) {
-    let mut group = c.benchmark_group("floor");
-    for n in SIZES {
-        let set = ArcSwap::from_pointee(
-            endpoints(n)
-                .into_iter()
-                .map(|e| {
-                    Arc::new(FloorEndpoint {
-                        in_flight: AtomicU32::new(0),
-                        addr: e.addr,
-                    })
+/// The hand-rolled floor over `n` endpoints, as `floor/<n>` in `group`.
+fn bench_floor(group: &mut BenchmarkGroup<'_, WallTime>, n: usize) {
+    let set = ArcSwap::from_pointee(
+        endpoints(n)
+            .into_iter()
+            .map(|e| {
+                Arc::new(FloorEndpoint {
+                    in_flight: AtomicU32::new(0),
+                    addr: e.addr,
                 })
-                .collect::<Vec<_>>(),
-        );
-        let mut rng = fastrand::Rng::with_seed(n as u64);
-        group.bench_function(BenchmarkId::new("p2c_least_loaded", n), |bench| {
-            bench.iter(|| floor_pick(&set, rng.u64(..)));
-        });
-    }
-    group.finish();
+            })
+            .collect::<Vec<_>>(),
+    );
+    let mut rng = fastrand::Rng::with_seed(n as u64);
+    group.bench_function(BenchmarkId::new("floor", n), |bench| {
+        bench.iter(|| floor_pick(&set, rng.u64(..)));
+    });
 }
 
 fn two_threads(c: &mut Criterion) {
@@ -254,16 +277,20 @@ fn swapping(c: &mut Criterion) {
     let base = Instant::now();
     let n = 10_000;
     let b = Arc::new(balancer(Policy::LeastLoaded, n, base));
+    let writer_b = Arc::clone(&b);
     let now = Instant::now();
     let mut rng = fastrand::Rng::with_seed(3);
-    group.bench_function("p2c_least_loaded_10000/quiet", |bench| {
-        bench.iter(|| one_pick(&b, Policy::LeastLoaded, rng.u64(..), now));
-    });
+    let mut picks = |group: &mut BenchmarkGroup<'_, WallTime>, name: &str| {
+        group.bench_function(format!("p2c_least_loaded_10000/{name}"), |bench| {
+            bench.iter(|| one_pick(&b, Policy::LeastLoaded, rng.u64(..), now));
+        });
+    };
+    picks(&mut group, "quiet_before");
 
     let stop = Arc::new(AtomicBool::new(false));
     let swaps = Arc::new(AtomicU64::new(0));
     let writer = {
-        let (b, stop, swaps) = (Arc::clone(&b), Arc::clone(&stop), Arc::clone(&swaps));
+        let (b, stop, swaps) = (Arc::clone(&writer_b), Arc::clone(&stop), Arc::clone(&swaps));
         std::thread::spawn(move || {
             let extra = endpoint(n, &ClusterId::new("east").expect("valid cluster id"));
             let mut next = Instant::now();
@@ -286,12 +313,11 @@ fn swapping(c: &mut Criterion) {
         })
     };
     let started = Instant::now();
-    group.bench_function("p2c_least_loaded_10000/swapping_every_ms", |bench| {
-        bench.iter(|| one_pick(&b, Policy::LeastLoaded, rng.u64(..), now));
-    });
+    picks(&mut group, "swapping_every_ms");
     stop.store(true, Ordering::Relaxed);
     writer.join().expect("writer thread");
     let elapsed = started.elapsed().as_secs_f64();
+    picks(&mut group, "quiet_after");
     let swaps = swaps.load(Ordering::Relaxed);
     println!(
         "swap: {swaps} snapshots of {n} endpoints published in {elapsed:.1} s ({:.0}/s)",
@@ -363,9 +389,9 @@ fn building(c: &mut Criterion) {
 
 criterion_group!(
     benches,
-    ours,
-    tower_baseline,
-    floor,
+    least_loaded,
+    peak_ewma,
+    round_robin,
     two_threads,
     swapping,
     building
