@@ -331,7 +331,7 @@ impl Live {
             sample // the first measurement replaces the seed; a peak replaces the estimate
         } else {
             let elapsed = now.saturating_sub(previous) as f64;
-            let weight = (-elapsed / self.shared.decay).exp();
+            let weight = (elapsed * self.shared.neg_inv_decay).exp();
             estimate * weight + sample * (1.0 - weight)
         };
         self.rtt_bits.store(next.to_bits(), Ordering::Relaxed);
@@ -391,7 +391,8 @@ pub(crate) struct Shared {
     outlier: OutlierConfig,
     base_ejection_nanos: u64,
     default_rtt: f64,
-    decay: f64,
+    /// `-1 / decay`, so the decay weight takes a multiply rather than a division.
+    neg_inv_decay: f64,
     decay_nanos: u64,
     /// `cap << 32 | ejected`: one word, so that a reservation checks the cap it counts
     /// against.
@@ -414,7 +415,7 @@ impl Shared {
             base_ejection_nanos: u64::try_from(outlier.base_ejection.as_nanos())
                 .unwrap_or(u64::MAX),
             default_rtt: config.default_rtt_nanos(),
-            decay: config.decay_nanos(),
+            neg_inv_decay: -1.0 / config.decay_nanos(),
             decay_nanos: config.decay_nanos() as u64,
             ejections: AtomicU64::new(0),
             generation: AtomicU64::new(0),
