@@ -277,6 +277,7 @@ fn swapping(c: &mut Criterion) {
     let base = Instant::now();
     let n = 10_000;
     let b = Arc::new(balancer(Policy::LeastLoaded, n, base));
+    // The writer's handle, taken before `picks` borrows `b` for the rest of the function.
     let writer_b = Arc::clone(&b);
     let now = Instant::now();
     let mut rng = fastrand::Rng::with_seed(3);
@@ -290,7 +291,7 @@ fn swapping(c: &mut Criterion) {
     let stop = Arc::new(AtomicBool::new(false));
     let swaps = Arc::new(AtomicU64::new(0));
     let writer = {
-        let (b, stop, swaps) = (Arc::clone(&writer_b), Arc::clone(&stop), Arc::clone(&swaps));
+        let (b, stop, swaps) = (writer_b, Arc::clone(&stop), Arc::clone(&swaps));
         std::thread::spawn(move || {
             let extra = endpoint(n, &ClusterId::new("east").expect("valid cluster id"));
             let mut next = Instant::now();
