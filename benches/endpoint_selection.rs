@@ -29,65 +29,24 @@
 //!
 //! Run: `cargo bench --bench endpoint_selection -- --warm-up-time 1 --measurement-time 2`.
 
-use std::convert::Infallible;
-use std::future::{Ready, poll_fn, ready};
-use std::hint::black_box;
-use std::net::SocketAddr;
+mod support;
+
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::task::{Context, Poll};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
 use criterion::measurement::WallTime;
 use criterion::{
     BatchSize, BenchmarkGroup, BenchmarkId, Criterion, criterion_group, criterion_main,
 };
 use mcs_core::ClusterId;
-use mcs_core::discovery::{Endpoint, Update};
-use mcs_core::endpoints::{
-    Balancer, BalancerConfig, Locality, Outcome, PickContext, Policy, Tiering,
-};
+use mcs_core::discovery::Update;
+use mcs_core::endpoints::{Balancer, BalancerConfig, Locality, Policy, Tiering};
 use tower::Service;
 use tower::balance::p2c::Balance;
 use tower::discover::ServiceList;
-use tower::load::{CompleteOnResponse, PeakEwma, PendingRequests};
 
-const SIZES: [usize; 5] = [2, 16, 128, 1_024, 10_000];
-
-fn endpoint(i: usize, cluster: &ClusterId) -> Endpoint {
-    let i = u32::try_from(i).expect("bench sizes fit in u32");
-    let [_, b, c, d] = i.to_be_bytes();
-    Endpoint::ready(SocketAddr::from(([10, b, c, d], 8080)), cluster.clone())
-}
-
-fn endpoints(n: usize) -> Vec<Endpoint> {
-    let east = ClusterId::new("east").expect("valid cluster id");
-    (0..n).map(|i| endpoint(i, &east)).collect()
-}
-
-fn balancer(policy: Policy, n: usize, base: Instant) -> Balancer {
-    let east = ClusterId::new("east").expect("valid cluster id");
-    let b = Balancer::new(
-        Locality::cluster(east),
-        BalancerConfig::default().policy(policy),
-        base,
-    );
-    b.apply(Update::Reset(endpoints(n)));
-    b
-}
-
-/// One request through our balancer: pick, then complete (peak-EWMA) or drop.
-#[inline]
-fn one_pick(b: &Balancer, policy: Policy, random: u64, now: Instant) {
-    let picked = b
-        .pick(PickContext::new(random, now))
-        .expect("endpoints are resolved");
-    black_box(picked.addr());
-    if policy == Policy::PeakEwma {
-        picked.complete(Outcome::Success, Duration::from_micros(800), now);
-    }
-}
+use support::{SIZES, balancer, drive, endpoint, endpoints, floor_pick, floor_set, one_pick};
 
 /// Our pick under `policy` over `n` endpoints, as `ours/<n>` in `group`.
 fn bench_ours(group: &mut BenchmarkGroup<'_, WallTime>, policy: Policy, n: usize, base: Instant) {
@@ -105,10 +64,7 @@ fn least_loaded(c: &mut Criterion) {
     for n in SIZES {
         bench_ours(&mut group, Policy::LeastLoaded, n, base);
         bench_floor(&mut group, n);
-        let services = (0..n)
-            .map(|_| PendingRequests::new(Noop, CompleteOnResponse::default()))
-            .collect();
-        bench_tower(&mut group, services);
+        bench_tower(&mut group, support::pending_requests(n));
     }
     group.finish();
 }
@@ -118,17 +74,7 @@ fn peak_ewma(c: &mut Criterion) {
     let base = Instant::now();
     for n in SIZES {
         bench_ours(&mut group, Policy::PeakEwma, n, base);
-        let services = (0..n)
-            .map(|_| {
-                PeakEwma::new(
-                    Noop,
-                    Duration::from_millis(30),
-                    Duration::from_secs(10).as_nanos() as f64,
-                    CompleteOnResponse::default(),
-                )
-            })
-            .collect();
-        bench_tower(&mut group, services);
+        bench_tower(&mut group, support::peak_ewma(n));
     }
     group.finish();
 }
@@ -142,48 +88,11 @@ fn round_robin(c: &mut Criterion) {
     group.finish();
 }
 
-/// A service that does nothing, as cheaply as possible.
-#[derive(Clone, Copy)]
-struct Noop;
-
-impl Service<u32> for Noop {
-    type Response = u32;
-    type Error = Infallible;
-    type Future = Ready<Result<u32, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: u32) -> Self::Future {
-        ready(Ok(req))
-    }
-}
-
-/// `iters` requests through a tower balancer inside one `block_on`.
-fn drive<S>(svc: &mut S, iters: u64) -> Duration
-where
-    S: Service<u32, Response = u32>,
-    S::Error: std::fmt::Debug,
-{
-    futures::executor::block_on(async {
-        let start = Instant::now();
-        for i in 0..iters {
-            poll_fn(|cx| svc.poll_ready(cx))
-                .await
-                .expect("no-op services are always ready");
-            let out = svc.call(i as u32).await.expect("no-op never fails");
-            black_box(out);
-        }
-        start.elapsed()
-    })
-}
-
 /// tower's p2c balancer over `services` (no-op services wrapped in a load measure), as
 /// `tower/<n>` in `group`.
 fn bench_tower<L>(group: &mut BenchmarkGroup<'_, WallTime>, services: Vec<L>)
 where
-    L: Service<u32, Response = u32, Error = Infallible> + tower::load::Load,
+    L: Service<u32, Response = u32, Error = std::convert::Infallible> + tower::load::Load,
     L::Metric: std::fmt::Debug,
 {
     let n = services.len();
@@ -194,44 +103,9 @@ where
     });
 }
 
-/// One endpoint of the hand-rolled floor.
-struct FloorEndpoint {
-    in_flight: AtomicU32,
-    addr: SocketAddr,
-}
-
-/// One request through the hand-rolled floor: load the snapshot, p2c on the in-flight
-/// counts, count the request in flight, read the address, count it out.
-#[inline]
-fn floor_pick(set: &ArcSwap<Vec<Arc<FloorEndpoint>>>, random: u64) {
-    let set = set.load();
-    let n = set.len() as u64;
-    let a = (((random & 0xffff_ffff) * n) >> 32) as usize;
-    let mut b = (((random >> 32) * (n - 1)) >> 32) as usize;
-    if b >= a {
-        b += 1;
-    }
-    let (ea, eb) = (&set[a], &set[b]);
-    let load = |e: &FloorEndpoint| e.in_flight.load(Ordering::Relaxed);
-    let e = if load(eb) < load(ea) { eb } else { ea };
-    e.in_flight.fetch_add(1, Ordering::Relaxed);
-    black_box(e.addr);
-    e.in_flight.fetch_sub(1, Ordering::Relaxed);
-}
-
 /// The hand-rolled floor over `n` endpoints, as `floor/<n>` in `group`.
 fn bench_floor(group: &mut BenchmarkGroup<'_, WallTime>, n: usize) {
-    let set = ArcSwap::from_pointee(
-        endpoints(n)
-            .into_iter()
-            .map(|e| {
-                Arc::new(FloorEndpoint {
-                    in_flight: AtomicU32::new(0),
-                    addr: e.addr,
-                })
-            })
-            .collect::<Vec<_>>(),
-    );
+    let set = floor_set(n);
     let mut rng = fastrand::Rng::with_seed(n as u64);
     group.bench_function(BenchmarkId::new("floor", n), |bench| {
         bench.iter(|| floor_pick(&set, rng.u64(..)));
