@@ -197,9 +197,8 @@ impl TierBuilder {
         self.set(pos, Some(next));
     }
 
-    /// Appends `endpoint` with a fresh state; returns its position.
-    fn push(&mut self, endpoint: &Arc<Endpoint>, stamp: u64, shared: &Arc<Shared>) -> usize {
-        let state = EndpointState::new(Arc::clone(endpoint), Arc::clone(shared));
+    /// Appends `endpoint` with its fresh `state`; returns its position.
+    fn push(&mut self, endpoint: &Arc<Endpoint>, stamp: u64, state: EndpointState) -> usize {
         let pos = self.entries.len();
         if pos >> SHIFT == self.chunks.len() {
             self.chunks.push(Arc::new(Chunk::empty()));
@@ -250,10 +249,19 @@ impl Layout {
                 _ => added.push((endpoint, tier)),
             }
         }
-        let placed = added.into_iter().map(|(endpoint, tier)| {
-            let pos = self.tiers[tier].push(endpoint, stamp, shared);
-            (endpoint.addr, (tier, pos))
-        });
+        // Every new state's cold part first, so that the parts picks read are allocated one
+        // after another.
+        let prepared: Vec<_> = added
+            .iter()
+            .map(|&(endpoint, _)| EndpointState::prepare(Arc::clone(endpoint), Arc::clone(shared)))
+            .collect();
+        let placed = added
+            .into_iter()
+            .zip(prepared)
+            .map(|((endpoint, tier), cold)| {
+                let pos = self.tiers[tier].push(endpoint, stamp, EndpointState::start(cold));
+                (endpoint.addr, (tier, pos))
+            });
         if self.index.is_empty() {
             // In address order: a bulk build instead of one insert at a time.
             self.index = placed.collect();
@@ -292,7 +300,8 @@ impl Layout {
                     self.remove(at, pos);
                 }
                 if let Some((endpoint, tier)) = desired {
-                    let pos = self.tiers[tier].push(endpoint, self.stamp, shared);
+                    let state = EndpointState::new(Arc::clone(endpoint), Arc::clone(shared));
+                    let pos = self.tiers[tier].push(endpoint, self.stamp, state);
                     self.index.insert(addr, (tier, pos));
                 }
             }

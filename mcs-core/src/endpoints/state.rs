@@ -15,8 +15,8 @@
 //! `d → RETIRED`, so the number of ejected endpoints never exceeds the cap.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use super::balancer::Outcome;
@@ -34,58 +34,71 @@ use crate::discovery::Endpoint;
 /// An `EndpointState` is a handle on the endpoint's live counters; snapshots hold the
 /// handles (a clone is another handle on the same counters). The in-flight count is the
 /// number of [`Picked`](super::Picked) guards holding the counters: the counters' `Arc`
-/// strong count less the handles, which each count themselves in `holders`. A pick takes
-/// one reference and completing or dropping the guard gives it back, so a request's
-/// start and end are one atomic each and no separate in-flight counter is kept.
+/// strong count less the handles, each of which also holds one weak reference, so that
+/// the weak count is the number of handles. A pick takes one reference and completing or
+/// dropping the guard gives it back, so a request's start and end are one atomic each, no
+/// separate in-flight counter is kept, and a pick compares two counts that sit in the
+/// first 16 bytes of the allocation (16-byte aligned with glibc's allocator, so never
+/// across two cache lines).
 #[derive(Debug)]
 pub struct EndpointState {
+    // Declared first, so it is dropped first: while the two counts differ, in-flight
+    // reads one too high, never too low.
+    handle: Weak<Live>,
     live: Arc<Live>,
 }
 
 impl Clone for EndpointState {
     fn clone(&self) -> Self {
-        // Reference first, then the handle count: while the two differ, in-flight reads
-        // one too high, never too low.
+        // The reference first, then the handle count, for the same reason.
         let live = Arc::clone(&self.live);
-        live.holders.fetch_add(1, Ordering::Relaxed);
-        Self { live }
+        Self {
+            handle: Weak::clone(&self.handle),
+            live,
+        }
     }
 }
 
-impl Drop for EndpointState {
-    fn drop(&mut self) {
-        // The handle count first; the reference goes when `live` is dropped right after.
-        self.live.holders.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// The counters a pick reads and a completion writes. Its `Arc` strong count is
-/// `holders` (the [`EndpointState`] handles) plus the requests in flight.
+/// What a pick reads, and the way to the rest. Its `Arc` strong count is the handles
+/// (the [`EndpointState`]s, also counted by the weak count) plus the requests in flight.
 ///
-/// What a pick reads is in the first 64 bytes of the allocation: the `Arc` counts,
-/// `holders`, `ejected_until` and the address. The endpoint itself is the discovery
-/// table's `Arc`, so building a state allocates only this (128 bytes), and the states of
-/// a set built at once sit close together.
+/// With the `Arc` counts this is 56 bytes, which glibc's allocator serves from its 64-byte
+/// class: the states of a set built at once sit 64 bytes apart, and a pick reads the
+/// counts of two candidates and the address of the one it takes. Everything else is in
+/// [`Cold`], allocated ahead of a batch of states (see [`EndpointState::prepare`]) so
+/// that it does not sit between them.
 #[derive(Debug)]
 #[repr(C)]
 pub(crate) struct Live {
-    holders: AtomicU32,
-    consecutive_failures: AtomicU32,
-    ejected_until: AtomicU64,
     addr: SocketAddr,
+    cold: Box<Cold>,
+}
+
+/// The part of an endpoint's live state that a least-loaded or round-robin pick does not
+/// read (except `ejected_until`, while something in the balancer is ejected).
+#[derive(Debug)]
+pub(crate) struct Cold {
+    ejected_until: AtomicU64,
     rtt_bits: AtomicU64,
     rtt_at: AtomicU64,
     last_ejection_end: AtomicU64,
     key: u64,
+    consecutive_failures: AtomicU32,
     ejections: AtomicU32,
     shared: Arc<Shared>,
     endpoint: Arc<Endpoint>,
 }
 
 impl EndpointState {
+    /// What picks do not read.
+    #[inline]
+    fn cold(&self) -> &Cold {
+        &self.live.cold
+    }
+
     /// The endpoint.
     pub fn endpoint(&self) -> &Endpoint {
-        &self.live.endpoint
+        &self.cold().endpoint
     }
 
     /// Requests currently in flight to this endpoint.
@@ -95,31 +108,31 @@ impl EndpointState {
 
     /// Failures in a row since the last success or ejection.
     pub fn consecutive_failures(&self) -> u32 {
-        self.live.consecutive_failures.load(Ordering::Relaxed)
+        self.cold().consecutive_failures.load(Ordering::Relaxed)
     }
 
     /// The ejection multiplier: how many times the endpoint was ejected, less one for
     /// every base ejection time it has spent back in service (as of its last ejection).
     pub fn ejections(&self) -> u32 {
-        self.live.ejections.load(Ordering::Relaxed)
+        self.cold().ejections.load(Ordering::Relaxed)
     }
 
     /// The peak-EWMA latency estimate (the configured default before any measurement).
     pub fn rtt_estimate(&self) -> Duration {
-        Duration::from_nanos(f64::from_bits(self.live.rtt_bits.load(Ordering::Relaxed)) as u64)
+        Duration::from_nanos(f64::from_bits(self.cold().rtt_bits.load(Ordering::Relaxed)) as u64)
     }
 
     /// Whether the endpoint is ejected at `now`.
     pub fn is_ejected(&self, now: Instant) -> bool {
-        self.live.is_ejected(now)
+        self.cold().is_ejected(now)
     }
 
     /// When the current ejection ends, if the endpoint holds an ejection slot (possibly
     /// expired but not yet handed back).
     pub fn ejected_until(&self) -> Option<Instant> {
-        match self.live.ejected_until.load(Ordering::Acquire) {
+        match self.cold().ejected_until.load(Ordering::Acquire) {
             0 | RETIRED => None,
-            until => Some(self.live.shared.base + Duration::from_nanos(until)),
+            until => Some(self.cold().shared.base + Duration::from_nanos(until)),
         }
     }
 
@@ -128,25 +141,40 @@ impl EndpointState {
     /// [`Picked::complete`](super::Picked::complete) without the in-flight accounting.
     /// Returns whether this outcome ejected the endpoint.
     pub fn report(&self, outcome: Outcome, latency: Duration, now: Instant) -> bool {
-        let live = &*self.live;
-        live.record(outcome == Outcome::Success, latency, live.shared.nanos(now))
+        let now = self.cold().shared.nanos(now);
+        self.live.record(outcome == Outcome::Success, latency, now)
     }
 
     pub(crate) fn new(endpoint: Arc<Endpoint>, shared: Arc<Shared>) -> Self {
+        Self::start(Self::prepare(endpoint, shared))
+    }
+
+    /// The part of a fresh state that picks do not read. A batch of states is built by
+    /// preparing all of them first, then [starting](Self::start) each: the parts picks
+    /// read are then allocated one after another, 64 bytes apart.
+    pub(crate) fn prepare(endpoint: Arc<Endpoint>, shared: Arc<Shared>) -> Box<Cold> {
+        Box::new(Cold {
+            ejected_until: AtomicU64::new(0),
+            rtt_bits: AtomicU64::new(shared.default_rtt.to_bits()),
+            rtt_at: AtomicU64::new(0),
+            last_ejection_end: AtomicU64::new(0),
+            key: hash::addr_key(&endpoint.addr),
+            consecutive_failures: AtomicU32::new(0),
+            ejections: AtomicU32::new(0),
+            shared,
+            endpoint,
+        })
+    }
+
+    /// A fresh state around a [prepared](Self::prepare) part.
+    pub(crate) fn start(cold: Box<Cold>) -> Self {
+        let live = Arc::new(Live {
+            addr: cold.endpoint.addr,
+            cold,
+        });
         Self {
-            live: Arc::new(Live {
-                holders: AtomicU32::new(1),
-                consecutive_failures: AtomicU32::new(0),
-                ejections: AtomicU32::new(0),
-                ejected_until: AtomicU64::new(0),
-                rtt_bits: AtomicU64::new(shared.default_rtt.to_bits()),
-                rtt_at: AtomicU64::new(0),
-                last_ejection_end: AtomicU64::new(0),
-                key: hash::addr_key(&endpoint.addr),
-                addr: endpoint.addr,
-                shared,
-                endpoint,
-            }),
+            handle: Arc::downgrade(&live),
+            live,
         }
     }
 
@@ -154,9 +182,9 @@ impl EndpointState {
     /// and the ejection (with its slot) move over; in-flight requests keep counting on
     /// `self`, which is retired.
     pub(crate) fn successor(&self, endpoint: Arc<Endpoint>) -> Self {
-        let old = &*self.live;
+        let old = self.cold();
         let next = Self::new(endpoint, Arc::clone(&old.shared));
-        let new = &*next.live;
+        let new = next.cold();
         let relaxed = Ordering::Relaxed;
         new.rtt_bits.store(old.rtt_bits.load(relaxed), relaxed);
         new.rtt_at.store(old.rtt_at.load(relaxed), relaxed);
@@ -174,35 +202,35 @@ impl EndpointState {
 
     /// Takes the endpoint out of service for good, handing back its ejection slot.
     pub(crate) fn retire(&self) {
-        let live = &*self.live;
-        let until = live.ejected_until.swap(RETIRED, Ordering::AcqRel);
+        let cold = self.cold();
+        let until = cold.ejected_until.swap(RETIRED, Ordering::AcqRel);
         if until != 0 && until != RETIRED {
-            live.shared.release();
+            cold.shared.release();
         }
     }
 
     /// The raw ejection word (see the module docs).
     #[inline]
     pub(crate) fn ejection_word(&self) -> u64 {
-        self.live.ejected_until.load(Ordering::Acquire)
+        self.cold().ejected_until.load(Ordering::Acquire)
     }
 
     /// Whether a pick may use the endpoint at `now`. Cost: one relaxed load.
     #[inline]
     pub(crate) fn usable(&self, now: u64) -> bool {
-        self.live.ejected_until.load(Ordering::Relaxed) <= now
+        self.cold().ejected_until.load(Ordering::Relaxed) <= now
     }
 
     /// Hands back the slot of an ejection that ended at `until` (≤ now). Returns whether
     /// this call did it.
     pub(crate) fn reclaim(&self, until: u64) -> bool {
-        let live = &*self.live;
-        let done = live
+        let cold = self.cold();
+        let done = cold
             .ejected_until
             .compare_exchange(until, 0, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok();
         if done {
-            live.shared.release();
+            cold.shared.release();
         }
         done
     }
@@ -210,17 +238,17 @@ impl EndpointState {
     /// A stable hash of the address (for consistent hashing).
     #[inline]
     pub(crate) fn key(&self) -> u64 {
-        self.live.key
+        self.cold().key
     }
 
-    /// p2c least-loaded cost, the in-flight count. Cost: two relaxed loads from one cache
-    /// line and a subtraction.
+    /// p2c least-loaded cost, the in-flight count. Cost: two relaxed loads from the first
+    /// 16 bytes of the state's allocation and a subtraction.
     #[inline(always)]
     pub(crate) fn pick_load(&self) -> usize {
-        let holders = self.live.holders.load(Ordering::Relaxed) as usize;
+        let handles = Arc::weak_count(&self.live);
         // Saturating: a handle dropped between the two loads can make the strong count
-        // read below the holders read before it.
-        Arc::strong_count(&self.live).saturating_sub(holders)
+        // read below the handle count read before it.
+        Arc::strong_count(&self.live).saturating_sub(handles)
     }
 
     /// The in-flight count, saturated to `u32`.
@@ -228,8 +256,8 @@ impl EndpointState {
         u32::try_from(self.pick_load()).unwrap_or(u32::MAX)
     }
 
-    /// p2c peak-EWMA cost: estimate × (in-flight + 1). Cost: two relaxed loads and a
-    /// multiply; no `exp` (decay happens on completion).
+    /// p2c peak-EWMA cost: estimate × (in-flight + 1). Cost: three relaxed loads (the
+    /// estimate is in the cold part) and a multiply; no `exp` (decay happens on completion).
     ///
     /// Because the decay only runs when a request completes, an endpoint that stopped
     /// receiving traffic after a latency peak would keep that peak forever; an estimate
@@ -238,10 +266,10 @@ impl EndpointState {
     /// time (computed once per pick).
     #[inline]
     pub(crate) fn ewma_cost(&self, now: impl Fn() -> u64, params: EwmaParams) -> f64 {
-        let live = &*self.live;
-        let mut estimate = f64::from_bits(live.rtt_bits.load(Ordering::Relaxed));
+        let cold = self.cold();
+        let mut estimate = f64::from_bits(cold.rtt_bits.load(Ordering::Relaxed));
         if estimate > params.default_rtt {
-            let at = live.rtt_at.load(Ordering::Relaxed);
+            let at = cold.rtt_at.load(Ordering::Relaxed);
             if now().saturating_sub(at) >= params.decay_nanos {
                 estimate = params.default_rtt;
             }
@@ -279,13 +307,21 @@ impl Live {
     /// The endpoint.
     #[inline]
     pub(crate) fn endpoint(&self) -> &Endpoint {
-        &self.endpoint
+        &self.cold.endpoint
     }
 
     pub(crate) fn shared(&self) -> &Shared {
-        &self.shared
+        &self.cold.shared
     }
 
+    /// Feeds one completed request back (see [`Cold::record`]).
+    #[inline]
+    pub(crate) fn record(&self, success: bool, latency: Duration, now: u64) -> bool {
+        self.cold.record(success, latency, now)
+    }
+}
+
+impl Cold {
     fn is_ejected(&self, now: Instant) -> bool {
         let until = self.ejected_until.load(Ordering::Acquire);
         until != 0 && until != RETIRED && until > self.shared.nanos(now)
@@ -491,13 +527,68 @@ mod tests {
     use super::*;
 
     #[test]
-    fn what_a_pick_reads_is_in_the_first_64_bytes() {
-        // The `Arc` counts take the first 16 bytes of the allocation, so `Live` offsets
-        // below 48 are in its first 64 bytes.
-        assert!(offset_of!(Live, holders) < 48);
-        assert!(offset_of!(Live, ejected_until) + 8 <= 48);
-        assert!(offset_of!(Live, addr) + size_of::<SocketAddr>() <= 48);
-        // With the `Arc` counts, a state is at most two cache lines.
-        assert!(size_of::<Live>() + 16 <= 128, "{}", size_of::<Live>());
+    fn a_state_fits_the_64_byte_allocation_class() {
+        // With the 16 bytes of `Arc` counts, at most 56 bytes: glibc's allocator adds 8
+        // bytes of header and rounds to 16, so anything larger lands 80 or more apart.
+        assert!(size_of::<Live>() + 16 <= 56, "{}", size_of::<Live>());
+        // The address right after the counts, in the first 48 bytes.
+        assert_eq!(offset_of!(Live, addr), 0);
+    }
+
+    #[test]
+    fn in_flight_counts_guards_not_handles() {
+        let shared = Arc::new(Shared::new(&BalancerConfig::default(), Instant::now()));
+        let endpoint = Endpoint::ready(
+            SocketAddr::from(([10, 0, 0, 1], 8080)),
+            crate::ClusterId::new("east").unwrap(),
+        );
+        let state = EndpointState::new(Arc::new(endpoint), shared);
+        assert_eq!(state.in_flight(), 0);
+        // More handles (snapshots sharing the state) do not count.
+        let handles: Vec<_> = (0..5).map(|_| state.clone()).collect();
+        assert_eq!(state.in_flight(), 0);
+        let guards: Vec<_> = (0..3).map(|_| handles[2].begin()).collect();
+        assert_eq!(state.in_flight(), 3);
+        assert!(handles.iter().all(|h| h.in_flight() == 3));
+        // Handles going away leave the count to the guards.
+        drop(handles);
+        assert_eq!(state.in_flight(), 3);
+        drop(guards);
+        assert_eq!(state.in_flight(), 0);
+        // A successor counts on its own; requests on the old state end on the old state.
+        let guard = state.begin();
+        let next = state.successor(Arc::clone(&state.cold().endpoint));
+        assert_eq!((state.in_flight(), next.in_flight()), (1, 0));
+        drop(guard);
+        assert_eq!(state.in_flight(), 0);
+    }
+
+    #[test]
+    fn in_flight_stays_exact_while_handles_come_and_go() {
+        // One thread clones and drops a handle while this one holds four guards. A read
+        // is two loads, and the other thread holds at most one extra handle at a time,
+        // so a read is off by at most one; once the other thread is done it is exact.
+        let shared = Arc::new(Shared::new(&BalancerConfig::default(), Instant::now()));
+        let endpoint = Endpoint::ready(
+            SocketAddr::from(([10, 0, 0, 2], 8080)),
+            crate::ClusterId::new("east").unwrap(),
+        );
+        let state = EndpointState::new(Arc::new(endpoint), shared);
+        let guards: Vec<_> = (0..4).map(|_| state.begin()).collect();
+        std::thread::scope(|s| {
+            let churn = state.clone();
+            s.spawn(move || {
+                for _ in 0..100_000 {
+                    drop(churn.clone());
+                }
+            });
+            for _ in 0..100_000 {
+                let read = state.in_flight();
+                assert!((3..=5).contains(&read), "{read}");
+            }
+        });
+        assert_eq!(state.in_flight(), 4);
+        drop(guards);
+        assert_eq!(state.in_flight(), 0);
     }
 }
