@@ -46,7 +46,9 @@ use tower::Service;
 use tower::balance::p2c::Balance;
 use tower::discover::ServiceList;
 
-use support::{SIZES, balancer, drive, endpoint, endpoints, floor_pick, floor_set, one_pick};
+use support::{
+    SIZES, balancer, drive, endpoint, endpoints, floor_pick, floor_set, one_change, one_pick,
+};
 
 /// Our pick under `policy` over `n` endpoints, as `ours/<n>` in `group`.
 fn bench_ours(group: &mut BenchmarkGroup<'_, WallTime>, policy: Policy, n: usize, base: Instant) {
@@ -172,13 +174,7 @@ fn swapping(c: &mut Criterion) {
             let mut add = true;
             while !stop.load(Ordering::Relaxed) {
                 // Each apply publishes a new 10,000-endpoint snapshot.
-                let update = if add {
-                    Update::Add(vec![extra.clone()])
-                } else {
-                    Update::Remove(vec![extra.addr])
-                };
-                b.apply(update);
-                add = !add;
+                b.apply(one_change(&extra, &mut add));
                 swaps.fetch_add(1, Ordering::Relaxed);
                 next += Duration::from_millis(1);
                 if let Some(wait) = next.checked_duration_since(Instant::now()) {
@@ -247,14 +243,7 @@ fn building(c: &mut Criterion) {
     let mut add = true;
     group.bench_function("rebuild_10000_after_one_change", |bench| {
         bench.iter_batched(
-            || {
-                add = !add;
-                if add {
-                    Update::Add(vec![extra.clone()])
-                } else {
-                    Update::Remove(vec![extra.addr])
-                }
-            },
+            || one_change(&extra, &mut add),
             |update| b.apply(update),
             BatchSize::SmallInput,
         );

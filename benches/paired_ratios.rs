@@ -22,12 +22,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use mcs_core::ClusterId;
-use mcs_core::discovery::Update;
 use mcs_core::endpoints::{Balancer, Policy};
 use tower::balance::p2c::Balance;
 use tower::discover::ServiceList;
 
-use support::{SIZES, balancer, drive, endpoint, floor_pick, floor_set, one_pick};
+use support::{SIZES, balancer, drive, endpoint, floor_pick, floor_set, one_change, one_pick};
 
 /// Rounds per comparison; each gives one ratio.
 const ROUNDS: usize = 100;
@@ -166,13 +165,7 @@ fn publish_every_ms(
     let mut add = true;
     while !stop.load(Ordering::Relaxed) {
         if active.load(Ordering::Relaxed) {
-            let update = if add {
-                Update::Add(vec![extra.clone()])
-            } else {
-                Update::Remove(vec![extra.addr])
-            };
-            b.apply(update);
-            add = !add;
+            b.apply(one_change(&extra, &mut add));
             swaps.fetch_add(1, Ordering::Relaxed);
         }
         std::thread::sleep(Duration::from_millis(1));

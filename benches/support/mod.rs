@@ -44,6 +44,18 @@ pub(crate) fn balancer(policy: Policy, n: usize, base: Instant) -> Balancer {
     b
 }
 
+/// The next of alternating one-endpoint changes: adds `extra` when `add` is set, removes
+/// it otherwise, and flips `add`. Applied to a balancer, each publishes a new snapshot.
+pub(crate) fn one_change(extra: &Endpoint, add: &mut bool) -> Update {
+    let update = if *add {
+        Update::Add(vec![extra.clone()])
+    } else {
+        Update::Remove(vec![extra.addr])
+    };
+    *add = !*add;
+    update
+}
+
 /// One request through our balancer: pick, then complete (peak-EWMA) or drop.
 #[inline]
 pub(crate) fn one_pick(b: &Balancer, policy: Policy, random: u64, now: Instant) {

@@ -535,14 +535,19 @@ mod tests {
         assert_eq!(offset_of!(Live, addr), 0);
     }
 
-    #[test]
-    fn in_flight_counts_guards_not_handles() {
+    /// A fresh state for 10.0.0.`last`:8080 in its own balancer's shared part.
+    fn fresh_state(last: u8) -> EndpointState {
         let shared = Arc::new(Shared::new(&BalancerConfig::default(), Instant::now()));
         let endpoint = Endpoint::ready(
-            SocketAddr::from(([10, 0, 0, 1], 8080)),
+            SocketAddr::from(([10, 0, 0, last], 8080)),
             crate::ClusterId::new("east").unwrap(),
         );
-        let state = EndpointState::new(Arc::new(endpoint), shared);
+        EndpointState::new(Arc::new(endpoint), shared)
+    }
+
+    #[test]
+    fn in_flight_counts_guards_not_handles() {
+        let state = fresh_state(1);
         assert_eq!(state.in_flight(), 0);
         // More handles (snapshots sharing the state) do not count.
         let handles: Vec<_> = (0..5).map(|_| state.clone()).collect();
@@ -568,12 +573,7 @@ mod tests {
         // One thread clones and drops a handle while this one holds four guards. A read
         // is two loads, and the other thread holds at most one extra handle at a time,
         // so a read is off by at most one; once the other thread is done it is exact.
-        let shared = Arc::new(Shared::new(&BalancerConfig::default(), Instant::now()));
-        let endpoint = Endpoint::ready(
-            SocketAddr::from(([10, 0, 0, 2], 8080)),
-            crate::ClusterId::new("east").unwrap(),
-        );
-        let state = EndpointState::new(Arc::new(endpoint), shared);
+        let state = fresh_state(2);
         let guards: Vec<_> = (0..4).map(|_| state.begin()).collect();
         std::thread::scope(|s| {
             let churn = state.clone();
