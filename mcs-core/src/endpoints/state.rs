@@ -63,8 +63,9 @@ impl Clone for EndpointState {
 /// (the [`EndpointState`]s, also counted by the weak count) plus the requests in flight.
 ///
 /// With the `Arc` counts this is 56 bytes, which glibc's allocator serves from its 64-byte
-/// class: the states of a set built at once sit 64 bytes apart, and a pick reads the
-/// counts of two candidates and the address of the one it takes. Everything else is in
+/// class: the states of a set built at once sit 64 bytes apart when the allocator carves
+/// them from fresh memory, and a pick reads the counts of two candidates and the address
+/// of the one it takes. Everything else is in
 /// [`Cold`], allocated ahead of a batch of states (see [`EndpointState::prepare`]) so
 /// that it does not sit between them.
 #[derive(Debug)]
