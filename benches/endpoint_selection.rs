@@ -33,7 +33,7 @@ mod support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use criterion::measurement::WallTime;
 use criterion::{
@@ -48,6 +48,7 @@ use tower::discover::ServiceList;
 
 use support::{
     SIZES, balancer, drive, endpoint, endpoints, floor_pick, floor_set, one_change, one_pick,
+    publish_every_ms,
 };
 
 /// Our pick under `policy` over `n` endpoints, as `ours/<n>` in `group`.
@@ -168,20 +169,8 @@ fn swapping(c: &mut Criterion) {
     let swaps = Arc::new(AtomicU64::new(0));
     let writer = {
         let (b, stop, swaps) = (writer_b, Arc::clone(&stop), Arc::clone(&swaps));
-        std::thread::spawn(move || {
-            let extra = endpoint(n, &ClusterId::new("east").expect("valid cluster id"));
-            let mut next = Instant::now();
-            let mut add = true;
-            while !stop.load(Ordering::Relaxed) {
-                // Each apply publishes a new 10,000-endpoint snapshot.
-                b.apply(one_change(&extra, &mut add));
-                swaps.fetch_add(1, Ordering::Relaxed);
-                next += Duration::from_millis(1);
-                if let Some(wait) = next.checked_duration_since(Instant::now()) {
-                    std::thread::sleep(wait);
-                }
-            }
-        })
+        let active = AtomicBool::new(true);
+        std::thread::spawn(move || publish_every_ms(&b, n, &active, &stop, &swaps))
     };
     let started = Instant::now();
     picks(&mut group, "swapping_every_ms");

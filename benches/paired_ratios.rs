@@ -21,12 +21,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use mcs_core::ClusterId;
-use mcs_core::endpoints::{Balancer, Policy};
+use mcs_core::endpoints::Policy;
 use tower::balance::p2c::Balance;
 use tower::discover::ServiceList;
 
-use support::{SIZES, balancer, drive, endpoint, floor_pick, floor_set, one_change, one_pick};
+use support::{SIZES, balancer, drive, floor_pick, floor_set, one_pick, publish_every_ms};
 
 /// Rounds per comparison; each gives one ratio.
 const ROUNDS: usize = 100;
@@ -150,26 +149,6 @@ fn swaps(base: Instant) {
         ratio.p10,
         ratio.p90,
     );
-}
-
-/// While `active`, applies an update that publishes a new snapshot of `n` (or `n + 1`)
-/// endpoints every millisecond, counting them in `swaps`, until `stop`.
-fn publish_every_ms(
-    b: &Balancer,
-    n: usize,
-    active: &AtomicBool,
-    stop: &AtomicBool,
-    swaps: &AtomicU64,
-) {
-    let extra = endpoint(n, &ClusterId::new("east").expect("valid cluster id"));
-    let mut add = true;
-    while !stop.load(Ordering::Relaxed) {
-        if active.load(Ordering::Relaxed) {
-            b.apply(one_change(&extra, &mut add));
-            swaps.fetch_add(1, Ordering::Relaxed);
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
 }
 
 /// Nanoseconds per operation of `f`, which runs `ops` operations.

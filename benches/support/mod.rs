@@ -9,7 +9,7 @@ use std::future::{Ready, poll_fn, ready};
 use std::hint::black_box;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -54,6 +54,32 @@ pub(crate) fn one_change(extra: &Endpoint, add: &mut bool) -> Update {
     };
     *add = !*add;
     update
+}
+
+/// Until `stop`, while `active`, publishes a new snapshot of `b`'s `n` (or `n + 1`)
+/// endpoints every millisecond by adding or removing one, counting them in `swaps`.
+pub(crate) fn publish_every_ms(
+    b: &Balancer,
+    n: usize,
+    active: &AtomicBool,
+    stop: &AtomicBool,
+    swaps: &AtomicU64,
+) {
+    let extra = endpoint(n, &ClusterId::new("east").expect("valid cluster id"));
+    let mut add = true;
+    let mut next = Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        if active.load(Ordering::Relaxed) {
+            b.apply(one_change(&extra, &mut add));
+            swaps.fetch_add(1, Ordering::Relaxed);
+            next += Duration::from_millis(1);
+        } else {
+            next = Instant::now() + Duration::from_millis(1);
+        }
+        if let Some(wait) = next.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+    }
 }
 
 /// One request through our balancer: pick, then complete (peak-EWMA) or drop.

@@ -65,9 +65,8 @@ impl Clone for EndpointState {
 /// With the `Arc` counts this is 56 bytes, which glibc's allocator serves from its 64-byte
 /// class: the states of a set built at once sit 64 bytes apart when the allocator carves
 /// them from fresh memory, and a pick reads the counts of two candidates and the address
-/// of the one it takes. Everything else is in
-/// [`Cold`], allocated ahead of a batch of states (see [`EndpointState::prepare`]) so
-/// that it does not sit between them.
+/// of the one it takes. Everything else is in [`Cold`], allocated ahead of a batch of
+/// states (see [`EndpointState::prepare`]) so that it does not sit between them.
 #[derive(Debug)]
 #[repr(C)]
 pub(crate) struct Live {
@@ -570,7 +569,7 @@ mod tests {
     }
 
     #[test]
-    fn in_flight_stays_exact_while_handles_come_and_go() {
+    fn in_flight_is_off_by_at_most_one_while_handles_come_and_go() {
         // One thread clones and drops a handle while this one holds four guards. A read
         // is two loads, and the other thread holds at most one extra handle at a time,
         // so a read is off by at most one; once the other thread is done it is exact.
