@@ -27,7 +27,7 @@ use mcs_core::ClusterId;
 use mcs_core::discovery::{Endpoint, EndpointTable, Update};
 use mcs_core::endpoints::{
     Balancer, BalancerConfig, EndpointState, Locality, Outcome, OutlierConfig, PickContext,
-    PickError, Picked, Policy, Tiering, TrafficDistribution,
+    PickError, Picked, Policy, StateHandle, Tiering, TrafficDistribution,
 };
 use mcs_core::name::Hostname;
 
@@ -234,10 +234,7 @@ fn check_snapshot(
             } else {
                 assert!(ep.ready && !ep.terminating);
             }
-            let guards = held
-                .iter()
-                .filter(|p| p.is_on(state))
-                .count();
+            let guards = held.iter().filter(|p| p.is_on(state)).count();
             assert_eq!(state.in_flight() as usize, guards, "in-flight count");
         }
     }
@@ -261,7 +258,7 @@ fuzz_target!(|input: Input| {
     let mut table = EndpointTable::new();
     let mut updates: Vec<Update> = Vec::new();
     let mut held: Vec<Picked> = Vec::new();
-    let mut seen: Vec<EndpointState> = Vec::new();
+    let mut seen: Vec<StateHandle> = Vec::new();
     let mut now = t0;
 
     for op in input.ops.iter().take(64) {
@@ -309,7 +306,7 @@ fuzz_target!(|input: Input| {
                         Some(true) => assert_eq!(e, PickError::NoEndpoints),
                     },
                 }
-                seen.extend(snap.tiers().iter().flatten().cloned());
+                seen.extend(snap.tiers().iter().flatten().map(EndpointState::handle));
             }
             OpIn::Complete {
                 guard,
@@ -344,7 +341,14 @@ fuzz_target!(|input: Input| {
             balancer.ejected_at(now),
             balancer.ejection_cap(),
         );
-        seen.extend(balancer.snapshot().tiers().iter().flatten().cloned());
+        seen.extend(
+            balancer
+                .snapshot()
+                .tiers()
+                .iter()
+                .flatten()
+                .map(EndpointState::handle),
+        );
     }
 
     let batched = flat(t0);

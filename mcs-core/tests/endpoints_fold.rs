@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use mcs_core::ClusterId;
 use mcs_core::discovery::{Endpoint, EndpointTable, Update};
 use mcs_core::endpoints::{
-    Balancer, BalancerConfig, EndpointState, Locality, Outcome, PickContext, Picked, Tiering,
-    TrafficDistribution,
+    Balancer, BalancerConfig, EndpointState, Locality, Outcome, PickContext, Picked, StateHandle,
+    Tiering, TrafficDistribution,
 };
 use oracle::{model, pick_set, snapshot_set};
 use proptest::prelude::*;
@@ -199,7 +199,7 @@ proptest! {
         b.apply(Update::Reset((0..6).map(|i| Endpoint::ready(addr(i), ClusterId::new("c0").unwrap())).collect()));
         let mut held: Vec<Picked> = Vec::new();
         // Handles kept after their endpoint left: holding them must not count as in flight.
-        let mut seen: Vec<EndpointState> = Vec::new();
+        let mut seen: Vec<StateHandle> = Vec::new();
         let mut now = t0;
         for op in ops {
             now += Duration::from_millis(10);
@@ -219,7 +219,7 @@ proptest! {
                 }
                 _ => {}
             }
-            seen.extend(b.snapshot().tiers().iter().flatten().cloned());
+            seen.extend(b.snapshot().tiers().iter().flatten().map(EndpointState::handle));
             let snap = b.snapshot();
             for state in snap.tiers().iter().flatten() {
                 let guards = held.iter().filter(|p| p.is_on(state)).count();
@@ -238,7 +238,7 @@ fn live_state_is_kept_while_in_the_pick_set() {
     let a = Endpoint::ready(addr(1), ClusterId::new("c0").unwrap());
     let other = Endpoint::ready(addr(2), ClusterId::new("c0").unwrap());
     b.apply(Update::Reset(vec![a.clone(), other.clone()]));
-    let before = b.snapshot().find(a.addr).unwrap().clone();
+    let before = b.snapshot().find(a.addr).unwrap().handle();
     before.report(Outcome::Success, Duration::from_millis(7), t0);
     // Unrelated changes keep the very same state.
     b.apply(Update::Remove(vec![other.addr]));
@@ -248,7 +248,7 @@ fn live_state_is_kept_while_in_the_pick_set() {
     let mut renamed = a.clone();
     renamed.hostname = Some(mcs_core::name::Hostname::new("a").unwrap());
     b.apply(Update::Add(vec![renamed]));
-    let carried = b.snapshot().find(a.addr).unwrap().clone();
+    let carried = b.snapshot().find(a.addr).unwrap().handle();
     assert!(!carried.same_state(&before));
     assert_eq!(carried.rtt_estimate(), Duration::from_millis(7));
     // Leaving the pick set (not ready) and coming back starts afresh.

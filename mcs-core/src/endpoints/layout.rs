@@ -14,9 +14,9 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
-use super::state::{EndpointState, Shared};
+use super::state::{EndpointState, Live, Shared, StateHandle};
 use crate::discovery::Endpoint;
 
 /// Endpoints per chunk (a power of two: a position splits into chunk and slot with a
@@ -28,16 +28,45 @@ const MASK: usize = CHUNK - 1;
 /// One chunk of a tier. Aligned to a cache line so that its `Arc` counts, which the
 /// writer touches when it shares the chunk with a new snapshot, sit on their own line
 /// and never on one a pick reads.
-#[derive(Clone, Debug)]
+///
+/// Each occupied position holds a state and, in `holders`, the weak reference that counts
+/// it as a holder rather than a request in flight (see [`EndpointState`]). Picks read
+/// only `slots`, so kept apart the pointers they follow are 8 bytes each, eight to a
+/// cache line.
+#[derive(Debug)]
 #[repr(align(64))]
 struct Chunk {
+    // Declared first, so they are dropped first: in-flight reads high, never low, in
+    // between (as with a `StateHandle`).
+    holders: [Option<Weak<Live>>; CHUNK],
     slots: [Option<EndpointState>; CHUNK],
 }
 
 impl Chunk {
     fn empty() -> Self {
         Self {
+            holders: [const { None }; CHUNK],
             slots: [const { None }; CHUNK],
+        }
+    }
+
+    /// Puts `state` (or nothing) at `slot`.
+    fn set(&mut self, slot: usize, state: Option<StateHandle>) {
+        let (weak, state) = state.map(StateHandle::into_parts).unzip();
+        // The state goes in before its old holder count goes out, as above.
+        let old = std::mem::replace(&mut self.slots[slot], state);
+        self.holders[slot] = weak;
+        drop(old);
+    }
+}
+
+impl Clone for Chunk {
+    fn clone(&self) -> Self {
+        // The references first, then the holder counts, as in `StateHandle::clone`.
+        let slots = std::array::from_fn(|i| self.slots[i].as_ref().map(EndpointState::dup));
+        Self {
+            holders: self.holders.clone(),
+            slots,
         }
     }
 }
@@ -172,8 +201,8 @@ impl TierBuilder {
     }
 
     /// Writes `pos`, copying its chunk if a published snapshot shares it.
-    fn set(&mut self, pos: usize, state: Option<EndpointState>) {
-        Arc::make_mut(&mut self.chunks[pos >> SHIFT]).slots[pos & MASK] = state;
+    fn set(&mut self, pos: usize, state: Option<StateHandle>) {
+        Arc::make_mut(&mut self.chunks[pos >> SHIFT]).set(pos & MASK, state);
     }
 
     /// Updates the endpoint at `pos` to `endpoint` (same address and tier): nothing if it
@@ -192,13 +221,13 @@ impl TierBuilder {
             old.successor(Arc::clone(endpoint))
         } else {
             old.retire();
-            EndpointState::new(Arc::clone(endpoint), Arc::clone(shared))
+            StateHandle::new(Arc::clone(endpoint), Arc::clone(shared))
         };
         self.set(pos, Some(next));
     }
 
     /// Appends `endpoint` with its fresh `state`; returns its position.
-    fn push(&mut self, endpoint: &Arc<Endpoint>, stamp: u64, state: EndpointState) -> usize {
+    fn push(&mut self, endpoint: &Arc<Endpoint>, stamp: u64, state: StateHandle) -> usize {
         let pos = self.entries.len();
         if pos >> SHIFT == self.chunks.len() {
             self.chunks.push(Arc::new(Chunk::empty()));
@@ -253,13 +282,13 @@ impl Layout {
         // after another.
         let prepared: Vec<_> = added
             .iter()
-            .map(|&(endpoint, _)| EndpointState::prepare(Arc::clone(endpoint), Arc::clone(shared)))
+            .map(|&(endpoint, _)| StateHandle::prepare(Arc::clone(endpoint), Arc::clone(shared)))
             .collect();
         let placed = added
             .into_iter()
             .zip(prepared)
             .map(|((endpoint, tier), cold)| {
-                let pos = self.tiers[tier].push(endpoint, stamp, EndpointState::start(cold));
+                let pos = self.tiers[tier].push(endpoint, stamp, StateHandle::start(cold));
                 (endpoint.addr, (tier, pos))
             });
         if self.index.is_empty() {
@@ -300,7 +329,7 @@ impl Layout {
                     self.remove(at, pos);
                 }
                 if let Some((endpoint, tier)) = desired {
-                    let state = EndpointState::new(Arc::clone(endpoint), Arc::clone(shared));
+                    let state = StateHandle::new(Arc::clone(endpoint), Arc::clone(shared));
                     let pos = self.tiers[tier].push(endpoint, self.stamp, state);
                     self.index.insert(addr, (tier, pos));
                 }
@@ -324,7 +353,7 @@ impl Layout {
         }
         let last = builder.entries.len() - 1;
         if pos != last {
-            let moved = builder.slot(last).clone();
+            let moved = builder.slot(last).handle();
             builder.set(pos, Some(moved));
             builder.entries.swap(pos, last);
             let moved = builder.entries[pos].0.addr;
@@ -407,12 +436,52 @@ mod tests {
     }
 
     #[test]
+    fn positions_are_one_pointer_and_copied_chunks_count_no_requests() {
+        // What a pick reads per position: one pointer, eight to a cache line.
+        assert_eq!(std::mem::size_of::<Option<EndpointState>>(), 8);
+
+        let shared = shared();
+        let all: Vec<Arc<Endpoint>> = (0..70).map(|i| ep(i, "a")).collect();
+        let mut layout = Layout::default();
+        let set: Vec<_> = all.iter().map(|e| (e, 0)).collect();
+        layout.update(1, &set, &shared);
+        let before = layout.tiers(1).remove(0);
+        let guards: Vec<_> = (0..3).map(|_| before[5].begin()).collect();
+        let kept = before[6].handle();
+        assert_eq!((before[5].in_flight(), before[6].in_flight()), (3, 0));
+
+        // Removing endpoint 7 copies the first chunk while `before` still shares it: the
+        // copy holds every state of the chunk once more, and no count moves.
+        let set: Vec<_> = all
+            .iter()
+            .filter(|e| e.addr != all[7].addr)
+            .map(|e| (e, 0))
+            .collect();
+        layout.update(1, &set, &shared);
+        let after = layout.tiers(1).remove(0);
+        assert!(!Arc::ptr_eq(&before.chunks[0], &after.chunks[0]));
+        assert!(after[5].same_state(&before[5]));
+        for tier in [&before, &after] {
+            assert_eq!((tier[5].in_flight(), tier[6].in_flight()), (3, 0));
+        }
+        // The state moved into position 7 (from the end of the tier) counts nothing either.
+        assert_eq!(after[7].endpoint().addr, all[69].addr);
+        assert_eq!(after[7].in_flight(), 0);
+
+        // Dropping the older snapshot, the handle and the guards leaves nothing in flight.
+        drop(before);
+        assert_eq!((after[5].in_flight(), kept.in_flight()), (3, 0));
+        drop((guards, kept));
+        assert!(after.iter().all(|s| s.in_flight() == 0));
+    }
+
+    #[test]
     fn tier_moves_and_empties() {
         let shared = shared();
         let a = ep(1, "a");
         let mut layout = Layout::default();
         layout.update(2, &[(&a, 0)], &shared);
-        let first = layout.tiers(2)[0][0].clone();
+        let first = layout.tiers(2)[0][0].handle();
         let b = ep(1, "b");
         layout.update(2, &[(&b, 1)], &shared);
         let tiers = layout.tiers(2);

@@ -63,4 +63,4 @@ pub use balancer::{Balancer, Outcome, PickContext, PickError, Picked};
 pub use config::{BalancerConfig, Locality, OutlierConfig, Policy, Tiering, TrafficDistribution};
 pub use layout::{Iter as TierIter, Tier};
 pub use snapshot::Snapshot;
-pub use state::EndpointState;
+pub use state::{EndpointState, StateHandle};

@@ -31,42 +31,108 @@ use crate::discovery::Endpoint;
 /// and ejection carry over to the successor. An endpoint that leaves the pick set (removed,
 /// not ready, ineligible) starts afresh if it comes back.
 ///
-/// An `EndpointState` is a handle on the endpoint's live counters; snapshots hold the
-/// handles (a clone is another handle on the same counters). The in-flight count is the
-/// number of [`Picked`](super::Picked) guards holding the counters: the counters' `Arc`
-/// strong count less the handles, each of which also holds one weak reference, so that
-/// the weak count is the number of handles. A pick takes one reference and completing or
-/// dropping the guard gives it back, so a request's start and end are one atomic each, no
-/// separate in-flight counter is kept, and a pick compares two counts that sit in the
-/// first 16 bytes of the allocation (16-byte aligned with glibc's allocator, so never
-/// across two cache lines).
+/// An `EndpointState` is what a snapshot holds at each position (see
+/// [`Tier`](super::Tier)): one pointer to the endpoint's live counters. To keep a state
+/// beyond the snapshot it was read from, take a [`StateHandle`] with
+/// [`handle`](Self::handle).
+///
+/// The in-flight count is the number of [`Picked`](super::Picked) guards holding the
+/// counters: the counters' `Arc` strong count less the holders (snapshot positions and
+/// [`StateHandle`]s), each of which also holds one weak reference, so that the weak count
+/// is the number of holders. A pick takes one reference and completing or dropping the
+/// guard gives it back, so a request's start and end are one atomic each, no separate
+/// in-flight counter is kept, and a pick compares two counts that sit in the first 16
+/// bytes of the allocation (16-byte aligned with glibc's allocator, so never across two
+/// cache lines). A snapshot keeps the weak references apart from the pointers (see
+/// [`Tier`](super::Tier)), so the positions a pick reads are 8 bytes each.
 #[derive(Debug)]
 pub struct EndpointState {
-    // Declared first, so it is dropped first: while the two counts differ, in-flight
-    // reads one too high, never too low.
-    handle: Weak<Live>,
     live: Arc<Live>,
 }
 
-impl Clone for EndpointState {
+/// An owned handle on an endpoint's [`EndpointState`], kept independently of any
+/// snapshot: holding it keeps the state readable (and comparable with
+/// [`EndpointState::same_state`]) after the endpoint leaves the pick set. Handles are not
+/// counted in flight.
+#[derive(Debug)]
+pub struct StateHandle {
+    // Declared first, so it is dropped first: while the two counts differ, in-flight
+    // reads one too high, never too low.
+    weak: Weak<Live>,
+    state: EndpointState,
+}
+
+impl Clone for StateHandle {
     fn clone(&self) -> Self {
-        // The reference first, then the handle count, for the same reason.
-        let live = Arc::clone(&self.live);
+        // The reference first, then the holder count, for the same reason.
+        let state = self.state.dup();
         Self {
-            handle: Weak::clone(&self.handle),
-            live,
+            weak: Weak::clone(&self.weak),
+            state,
         }
     }
 }
 
-/// What a pick reads, and the way to the rest. Its `Arc` strong count is the handles
-/// (the [`EndpointState`]s, also counted by the weak count) plus the requests in flight.
+impl std::ops::Deref for StateHandle {
+    type Target = EndpointState;
+
+    #[inline]
+    fn deref(&self) -> &EndpointState {
+        &self.state
+    }
+}
+
+impl StateHandle {
+    /// A fresh state for `endpoint`.
+    pub(crate) fn new(endpoint: Arc<Endpoint>, shared: Arc<Shared>) -> Self {
+        Self::start(Self::prepare(endpoint, shared))
+    }
+
+    /// The part of a fresh state that picks do not read. A batch of states is built by
+    /// preparing all of them first, then [starting](Self::start) each: the parts picks
+    /// read are then allocated one after another, 64 bytes apart.
+    pub(crate) fn prepare(endpoint: Arc<Endpoint>, shared: Arc<Shared>) -> Box<Cold> {
+        Box::new(Cold {
+            ejected_until: AtomicU64::new(0),
+            rtt_bits: AtomicU64::new(shared.default_rtt.to_bits()),
+            rtt_at: AtomicU64::new(0),
+            last_ejection_end: AtomicU64::new(0),
+            key: hash::addr_key(&endpoint.addr),
+            consecutive_failures: AtomicU32::new(0),
+            ejections: AtomicU32::new(0),
+            shared,
+            endpoint,
+        })
+    }
+
+    /// A fresh state around a [prepared](Self::prepare) part.
+    pub(crate) fn start(cold: Box<Cold>) -> Self {
+        let live = Arc::new(Live {
+            addr: cold.endpoint.addr,
+            cold,
+        });
+        Self {
+            weak: Arc::downgrade(&live),
+            state: EndpointState { live },
+        }
+    }
+
+    /// The weak reference that counts this holder, and the state: how a snapshot stores
+    /// them (apart).
+    pub(crate) fn into_parts(self) -> (Weak<Live>, EndpointState) {
+        (self.weak, self.state)
+    }
+}
+
+/// What a pick reads, and the way to the rest. Its `Arc` strong count is the holders
+/// (snapshot positions and [`StateHandle`]s, also counted by the weak count) plus the
+/// requests in flight.
 ///
 /// With the `Arc` counts this is 56 bytes, which glibc's allocator serves from its 64-byte
 /// class: the states of a set built at once sit 64 bytes apart when the allocator carves
 /// them from fresh memory, and a pick reads the counts of two candidates and the address
 /// of the one it takes. Everything else is in [`Cold`], allocated ahead of a batch of
-/// states (see [`EndpointState::prepare`]) so that it does not sit between them.
+/// states (see [`StateHandle::prepare`]) so that it does not sit between them.
 #[derive(Debug)]
 #[repr(C)]
 pub(crate) struct Live {
@@ -145,45 +211,32 @@ impl EndpointState {
         self.live.record(outcome == Outcome::Success, latency, now)
     }
 
-    pub(crate) fn new(endpoint: Arc<Endpoint>, shared: Arc<Shared>) -> Self {
-        Self::start(Self::prepare(endpoint, shared))
+    /// An owned handle on this state (see [`StateHandle`]).
+    pub fn handle(&self) -> StateHandle {
+        // The reference first, then the holder count (see `StateHandle`'s fields).
+        let state = self.dup();
+        StateHandle {
+            weak: Arc::downgrade(&state.live),
+            state,
+        }
     }
 
-    /// The part of a fresh state that picks do not read. A batch of states is built by
-    /// preparing all of them first, then [starting](Self::start) each: the parts picks
-    /// read are then allocated one after another, 64 bytes apart.
-    pub(crate) fn prepare(endpoint: Arc<Endpoint>, shared: Arc<Shared>) -> Box<Cold> {
-        Box::new(Cold {
-            ejected_until: AtomicU64::new(0),
-            rtt_bits: AtomicU64::new(shared.default_rtt.to_bits()),
-            rtt_at: AtomicU64::new(0),
-            last_ejection_end: AtomicU64::new(0),
-            key: hash::addr_key(&endpoint.addr),
-            consecutive_failures: AtomicU32::new(0),
-            ejections: AtomicU32::new(0),
-            shared,
-            endpoint,
-        })
-    }
-
-    /// A fresh state around a [prepared](Self::prepare) part.
-    pub(crate) fn start(cold: Box<Cold>) -> Self {
-        let live = Arc::new(Live {
-            addr: cold.endpoint.addr,
-            cold,
-        });
+    /// Another pointer to the same counters, for a holder that also takes a weak
+    /// reference (a [`StateHandle`], or a copied snapshot chunk): on its own it would
+    /// count as a request in flight.
+    #[inline]
+    pub(crate) fn dup(&self) -> Self {
         Self {
-            handle: Arc::downgrade(&live),
-            live,
+            live: Arc::clone(&self.live),
         }
     }
 
     /// The state for a changed `endpoint` at the same address: measurements, failures
     /// and the ejection (with its slot) move over; in-flight requests keep counting on
     /// `self`, which is retired.
-    pub(crate) fn successor(&self, endpoint: Arc<Endpoint>) -> Self {
+    pub(crate) fn successor(&self, endpoint: Arc<Endpoint>) -> StateHandle {
         let old = self.cold();
-        let next = Self::new(endpoint, Arc::clone(&old.shared));
+        let next = StateHandle::new(endpoint, Arc::clone(&old.shared));
         let new = next.cold();
         let relaxed = Ordering::Relaxed;
         new.rtt_bits.store(old.rtt_bits.load(relaxed), relaxed);
@@ -245,10 +298,10 @@ impl EndpointState {
     /// 16 bytes of the state's allocation and a subtraction.
     #[inline(always)]
     pub(crate) fn pick_load(&self) -> usize {
-        let handles = Arc::weak_count(&self.live);
-        // Saturating: a handle dropped between the two loads can make the strong count
-        // read below the handle count read before it.
-        Arc::strong_count(&self.live).saturating_sub(handles)
+        let holders = Arc::weak_count(&self.live);
+        // Saturating: a holder dropped between the two loads can make the strong count
+        // read below the holder count read before it.
+        Arc::strong_count(&self.live).saturating_sub(holders)
     }
 
     /// The in-flight count, saturated to `u32`.
@@ -284,7 +337,7 @@ impl EndpointState {
         Arc::clone(&self.live)
     }
 
-    /// Whether both handles are on the same live state: the same endpoint, in the same
+    /// Whether both are the same live state: the same endpoint, in the same
     /// stretch of time in the pick set (a successor after a change of conditions, or an
     /// endpoint that left and came back, has a new one).
     pub fn same_state(&self, other: &EndpointState) -> bool {
@@ -536,13 +589,13 @@ mod tests {
     }
 
     /// A fresh state for 10.0.0.`last`:8080 in its own balancer's shared part.
-    fn fresh_state(last: u8) -> EndpointState {
+    fn fresh_state(last: u8) -> StateHandle {
         let shared = Arc::new(Shared::new(&BalancerConfig::default(), Instant::now()));
         let endpoint = Endpoint::ready(
             SocketAddr::from(([10, 0, 0, last], 8080)),
             crate::ClusterId::new("east").unwrap(),
         );
-        EndpointState::new(Arc::new(endpoint), shared)
+        StateHandle::new(Arc::new(endpoint), shared)
     }
 
     #[test]
@@ -550,9 +603,13 @@ mod tests {
         let state = fresh_state(1);
         assert_eq!(state.in_flight(), 0);
         // More handles (snapshots sharing the state) do not count.
-        let handles: Vec<_> = (0..5).map(|_| state.clone()).collect();
+        let handles: Vec<_> = (0..5).map(|_| state.handle()).collect();
         assert_eq!(state.in_flight(), 0);
         let guards: Vec<_> = (0..3).map(|_| handles[2].begin()).collect();
+        // So do handles on handles.
+        let more = (handles[0].clone(), handles[1].handle());
+        assert_eq!(state.in_flight(), 3);
+        drop(more);
         assert_eq!(state.in_flight(), 3);
         assert!(handles.iter().all(|h| h.in_flight() == 3));
         // Handles going away leave the count to the guards.
