@@ -396,6 +396,24 @@ mod tests {
         ))
     }
 
+    /// Brings a one-tier `layout` to `all` but the endpoint at `leaving`, and returns the
+    /// tier.
+    fn update_all_but(
+        layout: &mut Layout,
+        all: &[Arc<Endpoint>],
+        leaving: Option<usize>,
+        shared: &Arc<Shared>,
+    ) -> Tier {
+        let gone = leaving.map(|i| all[i].addr);
+        let set: Vec<_> = all
+            .iter()
+            .filter(|e| Some(e.addr) != gone)
+            .map(|e| (e, 0))
+            .collect();
+        layout.update(1, &set, shared);
+        layout.tiers(1).remove(0)
+    }
+
     fn addrs(tier: &Tier) -> Vec<SocketAddr> {
         tier.iter().map(|s| s.endpoint().addr).collect()
     }
@@ -405,20 +423,12 @@ mod tests {
         let shared = shared();
         let all: Vec<Arc<Endpoint>> = (0..200).map(|i| ep(i, "a")).collect();
         let mut layout = Layout::default();
-        let set: Vec<_> = all.iter().map(|e| (e, 0)).collect();
-        layout.update(1, &set, &shared);
-        let before = layout.tiers(1).remove(0);
+        let before = update_all_but(&mut layout, &all, None, &shared);
         assert_eq!(before.len(), 200);
         assert!(addrs(&before).is_sorted());
 
         // Drop endpoint 10: the last one takes its place, everything else stays.
-        let set: Vec<_> = all
-            .iter()
-            .filter(|e| e.addr != all[10].addr)
-            .map(|e| (e, 0))
-            .collect();
-        layout.update(1, &set, &shared);
-        let after = layout.tiers(1).remove(0);
+        let after = update_all_but(&mut layout, &all, Some(10), &shared);
         assert_eq!(after.len(), 199);
         assert_eq!(after[10].endpoint().addr, all[199].addr);
         for i in (0..199).filter(|&i| i != 10) {
@@ -443,22 +453,14 @@ mod tests {
         let shared = shared();
         let all: Vec<Arc<Endpoint>> = (0..70).map(|i| ep(i, "a")).collect();
         let mut layout = Layout::default();
-        let set: Vec<_> = all.iter().map(|e| (e, 0)).collect();
-        layout.update(1, &set, &shared);
-        let before = layout.tiers(1).remove(0);
+        let before = update_all_but(&mut layout, &all, None, &shared);
         let guards: Vec<_> = (0..3).map(|_| before[5].begin()).collect();
         let kept = before[6].handle();
         assert_eq!((before[5].in_flight(), before[6].in_flight()), (3, 0));
 
         // Removing endpoint 7 copies the first chunk while `before` still shares it: the
         // copy holds every state of the chunk once more, and no count moves.
-        let set: Vec<_> = all
-            .iter()
-            .filter(|e| e.addr != all[7].addr)
-            .map(|e| (e, 0))
-            .collect();
-        layout.update(1, &set, &shared);
-        let after = layout.tiers(1).remove(0);
+        let after = update_all_but(&mut layout, &all, Some(7), &shared);
         assert!(!Arc::ptr_eq(&before.chunks[0], &after.chunks[0]));
         assert!(after[5].same_state(&before[5]));
         for tier in [&before, &after] {
