@@ -278,8 +278,8 @@ impl Layout {
                 _ => added.push((endpoint, tier)),
             }
         }
-        // Every new state's cold part first, so that the parts picks read are allocated one
-        // after another.
+        // Every new state's cold part first, so that none is allocated between the parts
+        // picks read.
         let prepared: Vec<_> = added
             .iter()
             .map(|&(endpoint, _)| StateHandle::prepare(Arc::clone(endpoint), Arc::clone(shared)))

@@ -89,8 +89,8 @@ impl StateHandle {
     }
 
     /// The part of a fresh state that picks do not read. A batch of states is built by
-    /// preparing all of them first, then [starting](Self::start) each: the parts picks
-    /// read are then allocated one after another, 64 bytes apart.
+    /// preparing all of them first, then [starting](Self::start) each, so that no cold part
+    /// is allocated between the parts picks read.
     pub(crate) fn prepare(endpoint: Arc<Endpoint>, shared: Arc<Shared>) -> Box<Cold> {
         Box::new(Cold {
             ejected_until: AtomicU64::new(0),
@@ -129,10 +129,9 @@ impl StateHandle {
 /// requests in flight.
 ///
 /// With the `Arc` counts this is 56 bytes, which glibc's allocator serves from its 64-byte
-/// class: the states of a set built at once sit 64 bytes apart when the allocator carves
-/// them from fresh memory, and a pick reads the counts of two candidates and the address
-/// of the one it takes. Everything else is in [`Cold`], allocated ahead of a batch of
-/// states (see [`StateHandle::prepare`]) so that it does not sit between them.
+/// class; a pick reads the counts of two candidates and the address of the one it takes.
+/// Everything else is in [`Cold`], allocated ahead of a batch of states (see
+/// [`StateHandle::prepare`]) so that it does not sit between them.
 #[derive(Debug)]
 #[repr(C)]
 pub(crate) struct Live {
