@@ -746,6 +746,47 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_threads_settled_tier_follows_every_ejection_and_its_end() {
+        // Settled picks go through this thread's handle on the tier without reading any
+        // endpoint's health; an ejection must end that at once, and the end of the
+        // ejection must bring the endpoint back.
+        let t0 = Instant::now();
+        let later = t0 + Duration::from_secs(31); // past the 30 s base ejection
+        for policy in [Policy::RoundRobin, Policy::LeastLoaded, Policy::PeakEwma] {
+            let b = Balancer::new(
+                Locality::cluster(ClusterId::new("east").unwrap()),
+                BalancerConfig::default().policy(policy),
+                t0,
+            );
+            b.apply(Update::Reset((1..=10).map(|i| ep(i, "east")).collect()));
+            let picked = |b: &Balancer, now: Instant| {
+                (0..400)
+                    .map(|r| b.pick(PickContext::new(mix64(r), now)).unwrap().addr())
+                    .collect::<BTreeSet<_>>()
+            };
+            let x = ep(3, "east").addr;
+            assert!(picked(&b, t0).contains(&x), "{policy:?}");
+            let snapshot = b.snapshot();
+            let state = snapshot.find(x).unwrap();
+            // The fifth failure ejects (`any` stops there).
+            let ejected = (0..5).any(|_| state.report(Outcome::Failure, Duration::ZERO, t0));
+            assert!(ejected, "{policy:?}: five failures eject");
+            let during = picked(&b, t0);
+            assert!(!during.contains(&x), "{policy:?}: {x} ejected");
+            assert_eq!(during.len(), 9, "{policy:?}");
+            assert!(picked(&b, later).contains(&x), "{policy:?}: {x} back");
+            // Settled again, and still honouring the next ejection.
+            for _ in 0..5 {
+                state.report(Outcome::Failure, Duration::ZERO, later);
+            }
+            assert!(
+                !picked(&b, later).contains(&x),
+                "{policy:?}: {x} ejected again"
+            );
+        }
+    }
+
     proptest! {
         #[test]
         fn p2c_pair_is_two_distinct_indices(random: u64, n in 2usize..100_000) {
