@@ -64,12 +64,7 @@ pub struct StateHandle {
 
 impl Clone for StateHandle {
     fn clone(&self) -> Self {
-        // The reference first, then the holder count, for the same reason.
-        let state = self.state.dup();
-        Self {
-            weak: Weak::clone(&self.weak),
-            state,
-        }
+        self.state.handle()
     }
 }
 
@@ -605,7 +600,7 @@ mod tests {
         let handles: Vec<_> = (0..5).map(|_| state.handle()).collect();
         assert_eq!(state.in_flight(), 0);
         let guards: Vec<_> = (0..3).map(|_| handles[2].begin()).collect();
-        // So do handles on handles.
+        // Nor do handles taken from handles.
         let more = (handles[0].clone(), handles[1].handle());
         assert_eq!(state.in_flight(), 3);
         drop(more);
