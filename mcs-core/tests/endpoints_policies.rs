@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use mcs_core::ClusterId;
 use mcs_core::discovery::{Endpoint, Update};
 use mcs_core::endpoints::{
-    Balancer, BalancerConfig, Locality, Outcome, PickContext, Picked, Policy, Tiering,
+    Balancer, BalancerConfig, Locality, Outcome, PREFETCH_FROM, PickContext, Picked, Policy,
+    Tiering,
 };
 use proptest::prelude::*;
 
@@ -102,6 +103,58 @@ fn p2c_picks_two_distinct_candidates() {
             "n = {n}: idle picked {} of the time, expected {expected}",
             hits / picks as f64
         );
+    }
+}
+
+/// Two picks in a row on this thread, with `first` and then `second`; returns the second
+/// guard (the first is dropped before it is made).
+fn second_of_two(b: &Balancer, first: u64, second: u64, t0: Instant) -> Picked {
+    drop(b.pick(PickContext::new(first, t0)).unwrap());
+    b.pick(PickContext::new(second, t0)).unwrap()
+}
+
+#[test]
+fn large_tiers_pick_the_candidates_of_the_threads_previous_random() {
+    let t0 = Instant::now();
+    let large = u16::try_from(PREFETCH_FROM).unwrap();
+    for policy in [Policy::LeastLoaded, Policy::PeakEwma] {
+        for n in [large - 1, large, 3 * large] {
+            let b = balancer(policy, n, t0);
+            // With every endpoint idle a pick takes the first of its two candidates. On a
+            // large tier the second of two picks takes the first pick's candidates, so its
+            // own random does not matter; below that it does.
+            let mut depends_on_second = 0;
+            for first in (0..20).map(mix) {
+                let picked: Vec<SocketAddr> = (100..104)
+                    .map(|second| second_of_two(&b, first, mix(second), t0).addr())
+                    .collect();
+                let same = picked.iter().all(|&a| a == picked[0]);
+                if usize::from(n) >= PREFETCH_FROM {
+                    assert!(same, "{policy:?}, n = {n}: {picked:?}");
+                } else if !same {
+                    depends_on_second += 1;
+                }
+            }
+            if usize::from(n) < PREFETCH_FROM {
+                assert_eq!(depends_on_second, 20, "{policy:?}, n = {n}");
+            }
+        }
+
+        // The candidates come from the previous random, but their loads are read when
+        // the pick is made: with the first candidate of `first` busy, every pick drawing
+        // from `first` takes the other one.
+        let b = balancer(policy, large, t0);
+        let first = mix(7);
+        let busy = second_of_two(&b, first, mix(8), t0);
+        for second in 9..13 {
+            let picked = second_of_two(&b, first, mix(second), t0).addr();
+            assert_ne!(picked, busy.addr(), "{policy:?}");
+            let again = second_of_two(&b, first, mix(second + 100), t0).addr();
+            assert_eq!(again, picked, "{policy:?}");
+        }
+        drop(busy);
+        let snap = b.snapshot();
+        assert!(snap.tiers()[0].iter().all(|s| s.in_flight() == 0));
     }
 }
 

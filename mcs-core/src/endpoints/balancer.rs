@@ -49,6 +49,13 @@ pub enum PickError {
 #[non_exhaustive]
 pub struct PickContext {
     /// A random number (for example from `fastrand::u64(..)`); all 64 bits are used.
+    ///
+    /// On a tier of [`PREFETCH_FROM`] endpoints or more, a p2c pick (least loaded or
+    /// peak-EWMA) with the plan settled draws its two candidates from the random of this
+    /// thread's previous such pick, and prefetches the candidates of its own random for
+    /// the next one. A thread's first such pick uses its own, unless the thread took over
+    /// the per-thread entry of one that has exited (entries are reused, as thread ids
+    /// are): then it continues from that thread's last.
     pub random: u64,
     /// The current time, which the caller already has.
     pub now: Instant,
@@ -168,6 +175,9 @@ struct Cached {
     /// a settled pick goes from this entry straight to the tier's chunk list instead of
     /// through the snapshot and its tier list.
     settled: SettledTier,
+    /// The random the next p2c pick on a large tier draws its candidates from (see
+    /// [`PREFETCH_FROM`]), once a pick has prefetched them.
+    ahead: Option<u64>,
 }
 
 /// A thread's handle on the tier that takes every pick while the plan is settled.
@@ -302,8 +312,10 @@ impl Balancer {
     /// Picks an endpoint for one request.
     ///
     /// Cost (see `benches/endpoint_selection.rs`): one load to check this thread's cached
-    /// snapshot against the current one, a few relaxed loads, two candidate reads for p2c,
-    /// and one RMW on the endpoint's in-flight count (one more when the guard is dropped);
+    /// snapshot against the current one, a few relaxed loads, two candidate reads for p2c
+    /// (and on a tier of [`PREFETCH_FROM`] endpoints or more, two prefetches for this
+    /// thread's next pick), and one RMW on the endpoint's in-flight count (one more when
+    /// the guard is dropped);
     /// no lock, clock read or allocation (except for the first pick on a thread, which
     /// makes that thread's cache entry). After an ejection, or once one expires, the
     /// first pick also recomputes the tier shares (O(n)).
@@ -326,9 +338,10 @@ impl Balancer {
                     snapshot,
                     rr,
                     settled,
+                    ahead,
                     ..
                 } = &mut *cached;
-                self.pick_from(snapshot, ctx, rr, settled)
+                self.pick_from(snapshot, ctx, rr, settled, ahead)
             }
             // Only if a pick re-entered on this thread (a pick never calls out).
             Err(_) => self.pick_uncached(ctx),
@@ -340,7 +353,8 @@ impl Balancer {
     #[inline(never)]
     fn pick_uncached(&self, ctx: PickContext) -> Result<Picked, PickError> {
         let (mut rr, mut settled) = (self.next_rr_start(), SettledTier::none());
-        self.pick_from(&self.snapshot.load(), ctx, &mut rr, &mut settled)
+        let snap = self.snapshot.load();
+        self.pick_from(&snap, ctx, &mut rr, &mut settled, &mut None)
     }
 
     /// Brings this thread's cache entry to the current snapshot (after a publication).
@@ -367,6 +381,7 @@ impl Balancer {
                 snapshot: self.snapshot.load_full(),
                 rr: self.next_rr_start(),
                 settled: SettledTier::none(),
+                ahead: None,
             })
         })
     }
@@ -378,6 +393,7 @@ impl Balancer {
         ctx: PickContext,
         rr: &mut u32,
         settled: &mut SettledTier,
+        ahead: &mut Option<u64>,
     ) -> Result<Picked, PickError> {
         if !snap.pickable() {
             return Err(unpickable(snap));
@@ -389,6 +405,10 @@ impl Balancer {
             // reading, nor the time (converting an `Instant` costs ~100 instructions).
             Some(index) if ctx.affinity.is_none() => {
                 let tier = settled.get(snap, index);
+                let ctx = PickContext {
+                    random: self.candidates_random(tier, ctx.random, ahead),
+                    ..ctx
+                };
                 (
                     self.by_policy(tier, ctx, rr, |_| true, false, u64::MAX),
                     index,
@@ -400,6 +420,24 @@ impl Balancer {
             live: state.begin(),
             tier: tier_index,
         })
+    }
+
+    /// The random a settled pick in `tier` draws its p2c candidates from: `random`
+    /// itself, except on a tier of [`PREFETCH_FROM`] endpoints or more. There the two
+    /// candidates' counters are rarely in the core's caches, and a pick would wait for
+    /// them; so this pick takes the candidates drawn from the thread's previous random
+    /// (`ahead`), whose lines that pick prefetched, and prefetches the candidates of
+    /// `random` for the next one.
+    #[inline(always)]
+    fn candidates_random(&self, tier: &Tier, random: u64, ahead: &mut Option<u64>) -> u64 {
+        let n = tier.len();
+        if n < PREFETCH_FROM || self.policy == Policy::RoundRobin {
+            return random;
+        }
+        let (a, b) = p2c_pair(random, n);
+        tier.at(a).prefetch();
+        tier.at(b).prefetch();
+        ahead.replace(random).unwrap_or(random)
     }
 
     /// A pick when the plan is not settled (several tiers take load, one is in panic, or
@@ -660,6 +698,13 @@ fn p2c<'t, C: PartialOrd>(
         .unwrap_or(start);
     tier.at(index)
 }
+
+/// From how many endpoints in a tier on a p2c pick prefetches the candidates of the
+/// thread's next pick (see [`PickContext::random`]). The candidates' counters take 64
+/// bytes each: from 1,024 endpoints on they outgrow any core's L1 data cache (32 or 48
+/// KB), and from about 8,000 its L2 on the EPYC the benches ran on. Below this the prefetch
+/// only adds work. Measured in `docs/testing.md` ("Prefetching the next pick").
+pub const PREFETCH_FROM: usize = 1_024;
 
 /// Separates the tier choice from the endpoint choice of the same random number.
 const TIER_SALT: u64 = 0x7f4a_7c15_9e37_79b9;

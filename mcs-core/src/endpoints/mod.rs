@@ -59,7 +59,7 @@ mod plan;
 mod snapshot;
 mod state;
 
-pub use balancer::{Balancer, Outcome, PickContext, PickError, Picked};
+pub use balancer::{Balancer, Outcome, PREFETCH_FROM, PickContext, PickError, Picked};
 pub use config::{BalancerConfig, Locality, OutlierConfig, Policy, Tiering, TrafficDistribution};
 pub use layout::{Iter as TierIter, Tier};
 pub use snapshot::Snapshot;
