@@ -423,11 +423,11 @@ impl Balancer {
     }
 
     /// The random a settled pick in `tier` draws its p2c candidates from: `random`
-    /// itself, except on a tier of [`PREFETCH_FROM`] endpoints or more. There the two
-    /// candidates' counters are rarely in the core's caches, and a pick would wait for
-    /// them; so this pick takes the candidates drawn from the thread's previous random
-    /// (`ahead`), whose lines that pick prefetched, and prefetches the candidates of
-    /// `random` for the next one.
+    /// itself, except on a tier of [`PREFETCH_FROM`] endpoints or more. There the
+    /// counters do not fit in the core's L1, and a pick would wait for its two
+    /// candidates' lines; so this pick takes the candidates drawn from the thread's
+    /// previous random (`ahead`), whose lines that pick prefetched, and prefetches the
+    /// candidates of `random` for the next one.
     #[inline(always)]
     fn candidates_random(&self, tier: &Tier, random: u64, ahead: &mut Option<u64>) -> u64 {
         let n = tier.len();
