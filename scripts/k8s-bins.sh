@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build kube-apiserver, etcd and kube-controller-manager from Go modules (through
+# Build kube-apiserver, etcd, kube-controller-manager, kube-scheduler, kube-proxy and
+# kubectl from Go modules (through
 # the Go module proxy) into a per-user cache, only when they are missing.
 #
 #   export MCS_K8S_BIN=$(scripts/k8s-bins.sh | tail -1)
@@ -13,8 +14,9 @@
 #   MCS_K8S_VERSION  k8s.io/kubernetes version without the leading "v". Default:
 #                    1.35.4, falling back to 1.34.4 if the proxy does not serve it.
 #
-# See docs/testing.md for the versions, measured build times and sizes, and
-# shared/REAL-K8S.md (section A1) for why a wrapper module is needed.
+# See docs/testing.md for the versions, measured build times and sizes. A wrapper module
+# is needed because k8s.io/kubernetes requires its staging modules at v0.0.0, which only a
+# replace block of our own can satisfy.
 set -euo pipefail
 
 export GOTOOLCHAIN=local CGO_ENABLED=0
@@ -23,7 +25,7 @@ export GOFLAGS="${GOFLAGS:+$GOFLAGS }-buildvcs=false"
 
 CACHE="${MCS_K8S_CACHE:-$HOME/.cache/mcs-k8s}"
 DEFAULT_VERSIONS=(1.35.4 1.34.4)
-BINS=(kube-apiserver etcd kube-controller-manager)
+BINS=(kube-apiserver etcd kube-controller-manager kube-scheduler kube-proxy kubectl)
 
 log() { echo "k8s-bins: $*"; }
 die() { echo "k8s-bins: ERROR: $*" >&2; exit 1; }
@@ -115,7 +117,10 @@ log "replaced $(echo "$mods" | wc -l) staging modules"
 log "resolving k8s.io/kubernetes@v$V (kube-apiserver, kube-controller-manager)"
 go get "k8s.io/kubernetes@v$V" \
 	"k8s.io/kubernetes/cmd/kube-apiserver@v$V" \
-	"k8s.io/kubernetes/cmd/kube-controller-manager@v$V" >&2
+	"k8s.io/kubernetes/cmd/kube-controller-manager@v$V" \
+	"k8s.io/kubernetes/cmd/kube-scheduler@v$V" \
+	"k8s.io/kubernetes/cmd/kube-proxy@v$V" \
+	"k8s.io/kubernetes/cmd/kubectl@v$V" >&2
 
 # 3. etcd at exactly the version that kubernetes pins.
 ETCD=$(go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3 2>/dev/null || true)
@@ -150,11 +155,17 @@ build() { # $1 = output name, $2 = package, $3 = ldflags
 build etcd go.etcd.io/etcd/server/v3 "-s -w"
 build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "$LDF"
 build kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager "$LDF"
+build kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler "$LDF"
+build kube-proxy k8s.io/kubernetes/cmd/kube-proxy "$LDF"
+build kubectl k8s.io/kubernetes/cmd/kubectl "$LDF"
 
 # 5. smoke-check what we built.
 "$BIN/etcd" --version | head -1
 "$BIN/kube-apiserver" --version
 "$BIN/kube-controller-manager" --version
+"$BIN/kube-scheduler" --version
+"$BIN/kube-proxy" --version
+"$BIN/kubectl" version --client
 cat >"$W/VERSIONS" <<EOF
 kubernetes v$V
 etcd $ETCD

@@ -6,11 +6,11 @@ use std::path::PathBuf;
 use mcs_core::api::{self, DecodeError, decode_json, decode_yaml, v1alpha1, v1beta1};
 use serde_json::Value;
 
+/// A fixture vendored from upstream (`tests/fixtures/upstream/README.md` names the source).
 fn upstream(path: &str) -> String {
-    let base = std::env::var_os("MCS_SHARED_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared"));
-    let file = base.join("upstream").join(path);
+    let file = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/upstream")
+        .join(path);
     std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("read {}: {e}", file.display()))
 }
 

@@ -1,4 +1,5 @@
-//! The generated CRDs are schema-equivalent to the upstream CRDs in `../shared/upstream/`,
+//! The generated CRDs are schema-equivalent to the upstream CRDs vendored in
+//! `tests/fixtures/upstream/`,
 //! the checked-in `deploy/crds/` matches the generator, and upstream demo objects and full
 //! objects of every kind round-trip through the Rust types unchanged.
 
@@ -7,18 +8,10 @@ use std::path::PathBuf;
 use mcs_core::api::crd::{self, UNRELEASED_ADDITIONS};
 use serde_json::{Map, Value};
 
-/// The shared reference folder beside the repository (`MCS_SHARED_DIR` overrides it).
-fn shared_upstream() -> PathBuf {
-    let base = std::env::var_os("MCS_SHARED_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared"));
-    let dir = base.join("upstream");
-    assert!(
-        dir.is_dir(),
-        "upstream fixtures not found at {}: the repository must sit beside shared/ (or set MCS_SHARED_DIR)",
-        dir.display()
-    );
-    dir
+/// The upstream CRDs and demo objects vendored into the repository (their source and
+/// version: `tests/fixtures/upstream/README.md`).
+fn upstream_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/upstream")
 }
 
 fn load_yaml(path: PathBuf) -> Value {
@@ -171,7 +164,7 @@ fn assert_equivalent(
 fn service_export_crd_matches_upstream() {
     assert_equivalent(
         &crd::service_export(),
-        load_yaml(shared_upstream().join("mcs-api/multicluster.x-k8s.io_serviceexports.yaml")),
+        load_yaml(upstream_dir().join("mcs-api/multicluster.x-k8s.io_serviceexports.yaml")),
     );
 }
 
@@ -179,7 +172,7 @@ fn service_export_crd_matches_upstream() {
 fn service_import_crd_matches_upstream() {
     assert_equivalent(
         &crd::service_import(),
-        load_yaml(shared_upstream().join("mcs-api/multicluster.x-k8s.io_serviceimports.yaml")),
+        load_yaml(upstream_dir().join("mcs-api/multicluster.x-k8s.io_serviceimports.yaml")),
     );
 }
 
@@ -187,7 +180,7 @@ fn service_import_crd_matches_upstream() {
 fn cluster_property_crd_matches_upstream() {
     assert_equivalent(
         &crd::cluster_property(),
-        load_yaml(shared_upstream().join("about-api/about.k8s.io_clusterproperties.yaml")),
+        load_yaml(upstream_dir().join("about-api/about.k8s.io_clusterproperties.yaml")),
     );
 }
 
