@@ -8,25 +8,16 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use arc_swap::{ArcSwap, Guard};
+use crossbeam_utils::CachePadded;
 use thread_local::ThreadLocal;
 
 use super::config::{BalancerConfig, Locality, Policy};
 use super::hash::{self, mix64};
 use super::layout::Tier;
 use super::snapshot::{Builder, Rules, Snapshot, Touched};
-use super::state::{EndpointState, Live, Shared};
+use super::state::{EndpointState, Live, Outcome, Shared};
 use crate::ClusterId;
 use crate::discovery::{Endpoint, EndpointTable, Update};
-
-/// The result of a request, fed back into outlier detection and load estimates.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    /// The endpoint answered well.
-    Success,
-    /// The endpoint failed (connect error, timeout, or a response the caller counts as a
-    /// failure, such as 503).
-    Failure,
-}
 
 /// Why no endpoint could be picked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -50,12 +41,11 @@ pub enum PickError {
 pub struct PickContext {
     /// A random number (for example from `fastrand::u64(..)`); all 64 bits are used.
     ///
-    /// On a tier of [`PREFETCH_FROM`] endpoints or more, a p2c pick (least loaded or
-    /// peak-EWMA) with the plan settled draws its two candidates from the random of this
-    /// thread's previous such pick, and prefetches the candidates of its own random for
-    /// the next one. A thread's first such pick uses its own, unless the thread took over
-    /// the per-thread entry of one that has exited (entries are reused, as thread ids
-    /// are): then it continues from that thread's last.
+    /// On a tier of [`PREFETCH_FROM`] endpoints or more, a settled p2c pick draws its
+    /// candidates from this thread's previous random and prefetches the candidates of
+    /// this one for the thread's next pick. A thread's first such pick uses its own (a
+    /// thread that reuses an exited thread's cache entry continues from that thread's
+    /// last).
     pub random: u64,
     /// The current time, which the caller already has.
     pub now: Instant,
@@ -150,7 +140,7 @@ impl Picked {
 pub struct Balancer {
     snapshot: ArcSwap<Snapshot>,
     /// Bumped after every publication, so a thread's cached snapshot is checked with one
-    /// load.
+    /// load. Every pick reads it, so it gets its own cache line(s).
     version: CachePadded<AtomicU64>,
     /// Each picking thread's copy of the current snapshot and the version it was taken
     /// at (arc-swap's `Cache`, per thread).
@@ -233,7 +223,7 @@ impl Balancer {
     pub fn new(locality: Locality, config: BalancerConfig, base: Instant) -> Self {
         Self {
             snapshot: ArcSwap::from_pointee(Snapshot::default()),
-            version: CachePadded(AtomicU64::new(0)),
+            version: CachePadded::new(AtomicU64::new(0)),
             cache: ThreadLocal::new(),
             shared: Arc::new(Shared::new(&config, base)),
             policy: config.policy,
@@ -311,20 +301,19 @@ impl Balancer {
 
     /// Picks an endpoint for one request.
     ///
-    /// Cost (see `benches/endpoint_selection.rs`): one load to check this thread's cached
-    /// snapshot against the current one, a few relaxed loads, two candidate reads for p2c
-    /// (and on a tier of [`PREFETCH_FROM`] endpoints or more, two prefetches for this
-    /// thread's next pick), and one RMW on the endpoint's in-flight count (one more when
-    /// the guard is dropped);
-    /// no lock, clock read or allocation (except for the first pick on a thread, which
-    /// makes that thread's cache entry). After an ejection, or once one expires, the
-    /// first pick also recomputes the tier shares (O(n)).
+    /// Cost: one load to check this thread's cached snapshot against the current one, a
+    /// few relaxed loads, two candidate reads for p2c (and on a tier of
+    /// [`PREFETCH_FROM`] endpoints or more, two prefetches for this thread's next pick),
+    /// and one RMW on the endpoint's in-flight count (one more when the guard is
+    /// dropped); no lock, clock read or allocation (except for the first pick on a
+    /// thread, which makes that thread's cache entry). After an ejection, or once one
+    /// expires, the first pick also recomputes the tier shares (O(n)).
     ///
     /// Each thread that picks keeps the snapshot it last used until its next pick, so a
     /// replaced snapshot lives on until every such thread has picked again.
     #[inline]
     pub fn pick(&self, ctx: PickContext) -> Result<Picked, PickError> {
-        let version = self.version.0.load(Ordering::Acquire);
+        let version = self.version.load(Ordering::Acquire);
         let cell = match self.cache.get() {
             Some(cell) => cell,
             None => self.new_cache_entry(),
@@ -401,8 +390,8 @@ impl Balancer {
         let generation = self.shared.generation.load(Ordering::Relaxed);
         let settled_tier = snap.plan().settled(generation);
         let (state, tier_index) = match settled_tier {
-            // One tier takes everything and nothing is ejected: no endpoint's health needs
-            // reading, nor the time (converting an `Instant` costs ~100 instructions).
+            // One tier takes everything and nothing is ejected: neither endpoint health nor
+            // the time needs reading.
             Some(index) if ctx.affinity.is_none() => {
                 let tier = settled.get(snap, index);
                 let ctx = PickContext {
@@ -423,11 +412,9 @@ impl Balancer {
     }
 
     /// The random a settled pick in `tier` draws its p2c candidates from: `random`
-    /// itself, except on a tier of [`PREFETCH_FROM`] endpoints or more. There the
-    /// counters do not fit in the core's L1, and a pick would wait for its two
-    /// candidates' lines; so this pick takes the candidates drawn from the thread's
-    /// previous random (`ahead`), whose lines that pick prefetched, and prefetches the
-    /// candidates of `random` for the next one.
+    /// itself, except on a tier of [`PREFETCH_FROM`] endpoints or more, where it is the
+    /// thread's previous random (`ahead`), whose candidates that pick prefetched; the
+    /// candidates of `random` are prefetched for the next pick.
     #[inline(always)]
     fn candidates_random(&self, tier: &Tier, random: u64, ahead: &mut Option<u64>) -> u64 {
         let n = tier.len();
@@ -598,7 +585,7 @@ impl Balancer {
         };
         let snapshot = Snapshot::build(&st.table, changed, &rules, &self.shared, &mut st.builder);
         self.snapshot.store(Arc::new(snapshot));
-        self.version.0.fetch_add(1, Ordering::Release);
+        self.version.fetch_add(1, Ordering::Release);
         st.replaced = Some(previous);
     }
 }
@@ -638,7 +625,7 @@ fn by_affinity(
     let usable = |s: &EndpointState| panic || s.usable(now);
     tier.at(match snap.ring(tier_index) {
         Some(ring) => ring.lookup(key, |i| usable(tier.at(i))).unwrap_or(0),
-        None => hash::rendezvous(tier, key, usable),
+        None => hash::rendezvous(key, tier.iter().map(|s| (s.key(), usable(s)))),
     })
 }
 
@@ -700,19 +687,13 @@ fn p2c<'t, C: PartialOrd>(
 }
 
 /// From how many endpoints in a tier on a p2c pick prefetches the candidates of the
-/// thread's next pick (see [`PickContext::random`]). The candidates' counters take 64
-/// bytes each: from 1,024 endpoints on they outgrow any core's L1 data cache (32 or 48
-/// KB), and from about 8,000 its L2 on the EPYC the benches ran on. Below this the prefetch
-/// only adds work. Measured in `docs/testing.md` ("Prefetching the next pick").
+/// thread's next pick (see [`PickContext::random`]). At 64 bytes of counters per
+/// endpoint, 1,024 endpoints outgrow a 32 or 48 KiB L1 data cache, so a pick would wait
+/// on its candidates' lines; below that the prefetch only adds work.
 pub const PREFETCH_FROM: usize = 1_024;
 
 /// Separates the tier choice from the endpoint choice of the same random number.
 const TIER_SALT: u64 = 0x7f4a_7c15_9e37_79b9;
-
-/// Keeps a hot atomic on its own cache lines (128 bytes: adjacent-line prefetch).
-#[derive(Debug)]
-#[repr(align(128))]
-struct CachePadded<T>(T);
 
 #[cfg(test)]
 mod tests {

@@ -11,11 +11,11 @@
 //!
 //! Both skip ejected endpoints by walking on (ring) or taking the next best score
 //! (rendezvous), so a key moves only while its endpoint is out.
+//!
+//! This module works on endpoint keys ([`addr_key`]) and positions only, so it depends on
+//! no other module of `endpoints`.
 
 use std::net::SocketAddr;
-
-use super::layout::Tier;
-use super::state::EndpointState;
 
 /// The splitmix64 finalizer: a fast bijective mixer.
 #[inline]
@@ -47,15 +47,15 @@ pub(crate) struct Ring {
 }
 
 impl Ring {
-    /// Builds the ring: `vnodes(n)` points per endpoint. Cost: O(n log n), off the request
-    /// path.
-    pub(crate) fn build(tier: &Tier) -> Self {
-        let per = vnodes(tier.len());
-        let mut points = Vec::with_capacity(tier.len() * per);
-        for (index, state) in tier.iter().enumerate() {
+    /// Builds the ring over a tier's endpoint keys, in position order: `vnodes(n)` points
+    /// per endpoint. Cost: O(n log n), off the request path.
+    pub(crate) fn build(keys: impl ExactSizeIterator<Item = u64>) -> Self {
+        let per = vnodes(keys.len());
+        let mut points = Vec::with_capacity(keys.len() * per);
+        for (index, key) in keys.enumerate() {
             let index = u32::try_from(index).unwrap_or(u32::MAX);
             for v in 0..per as u64 {
-                points.push((mix64(state.key() ^ v.wrapping_mul(RING_SALT)), index));
+                points.push((mix64(key ^ v.wrapping_mul(RING_SALT)), index));
             }
         }
         points.sort_unstable();
@@ -85,13 +85,14 @@ impl Ring {
     }
 }
 
-/// Rendezvous hashing over `tier`: the usable endpoint with the highest score for `key`
-/// (none usable: the highest overall). Cost: O(n) mixes, no allocation.
-pub(crate) fn rendezvous(tier: &Tier, key: u64, usable: impl Fn(&EndpointState) -> bool) -> usize {
+/// Rendezvous hashing over a tier's `(endpoint key, usable)` pairs in position order: the
+/// position of the usable endpoint with the highest score for `key` (none usable: the
+/// highest overall). Cost: O(n) mixes, no allocation.
+pub(crate) fn rendezvous(key: u64, candidates: impl Iterator<Item = (u64, bool)>) -> usize {
     let h = mix64(key);
     let mut best = (false, 0u64, 0usize);
-    for (index, state) in tier.iter().enumerate() {
-        let candidate = (usable(state), mix64(h ^ state.key()), index);
+    for (index, (endpoint_key, usable)) in candidates.enumerate() {
+        let candidate = (usable, mix64(h ^ endpoint_key), index);
         if (candidate.0, candidate.1) > (best.0, best.1) || index == 0 {
             best = candidate;
         }

@@ -3,10 +3,8 @@
 //!
 //! A tier is a list of fixed-size chunks behind `Arc`s. Publishing a snapshot after a
 //! change copies only the chunks the change touched and shares every other chunk with
-//! the previous snapshot, so a one-endpoint change to a 10,000-endpoint set writes two
-//! chunks and a 157-pointer list instead of 10,000 reference counts. That keeps the
-//! writer off the cache lines pickers read, so picks run as fast during swaps as without
-//! them.
+//! the previous snapshot, so the writer does not touch the reference counts and cache
+//! lines of the endpoints pickers read.
 //!
 //! Positions are stable: an endpoint keeps its position while it stays in its tier; one
 //! that leaves is replaced by the tier's last endpoint (`swap_remove`), and new ones are

@@ -12,19 +12,6 @@
 //! Every pick returns a [`Picked`] guard that counts the request in flight until it is
 //! completed with an [`Outcome`] (or dropped, which counts as cancelled).
 //!
-//! # What a pick costs, and what a publication costs
-//!
-//! - A pick checks its thread's cached copy of the snapshot with one load (arc-swap's
-//!   `Cache` idea, kept per thread), reads two candidates for p2c, and takes one
-//!   reference on the chosen endpoint's counters: that reference *is* the in-flight
-//!   count, so starting and ending a request are one atomic each.
-//! - Tiers are stored as copy-on-write chunks of 64 endpoints with stable positions
-//!   ([`Tier`]). An `Add` or `Remove` rebuilds only the addresses it touches and copies
-//!   only the chunks they sit in, so the writer never walks the cache lines pickers read,
-//!   and picks run as fast while snapshots are swapped every millisecond as without. A
-//!   `Reset`, a change of eligible clusters, or a change that flips the pick-set rules
-//!   (the serving-terminating fallback, `PreferSameZone` narrowing) takes a full pass.
-//!
 //! # How a pick works
 //!
 //! 1. **Pick set.** Ready, non-terminating endpoints of eligible clusters
@@ -40,16 +27,37 @@
 //!    health is ignored. The caller's random number chooses the tier.
 //! 4. **Endpoint choice** inside the tier ([`Policy`]): round robin, power of two choices
 //!    on in-flight requests, or on peak-EWMA latency × (in-flight + 1) (linkerd's
-//!    30 ms default RTT and 10 s decay, decayed when a request completes rather than on
-//!    every read, which is what makes tower's `PeakEwma` cost ~450 ns). A pick with an
-//!    affinity key ([`PickContext::with_affinity`]) uses consistent hashing instead.
+//!    30 ms default RTT and 10 s decay; the decay runs when a request completes, so a
+//!    pick never computes an `exp`). A pick with an affinity key
+//!    ([`PickContext::with_affinity`]) uses consistent hashing instead.
 //! 5. **Outlier detection** ([`OutlierConfig`]): 5 consecutive failures eject an
 //!    endpoint for 30 s × the number of its ejections, at most 300 s; at most 10 % of the
 //!    set is ejected at once, enforced by a counter that an ejection must reserve from.
 //!    An ejected endpoint is back in service when its deadline passes.
 //!
-//! Measured costs are in `benches/endpoint_selection.rs`; the design notes and anchors
-//! are in `CLIENT-LB.md`.
+//! A pick checks its thread's cached snapshot with one load and takes one reference on
+//! the chosen endpoint's counters; that reference *is* the in-flight count, so starting
+//! and ending a request are one atomic each.
+//!
+//! Publication edits the previous snapshot's tiers rather than rebuilding them: tiers are
+//! copy-on-write chunks at stable positions ([`Tier`]), and an `Add` or `Remove` copies
+//! only the chunks of the addresses it touches, so the writer stays off the memory
+//! pickers read. A `Reset`, a change of eligible clusters, or a change that flips the
+//! pick-set rules (the serving-terminating fallback, `PreferSameZone` narrowing) takes a
+//! full pass.
+//!
+//! # Modules
+//!
+//! Each module uses only the ones listed before it:
+//!
+//! - `config` (settings), `hash` (affinity hashing over endpoint keys) and `plan` (tier
+//!   shares) use none;
+//! - `state`: per-endpoint live state, ejection accounting, [`Outcome`];
+//! - `layout`: tiers as chunks, and the writer's edits to them;
+//! - `snapshot`: the pick set grouped into tiers, built from the discovery table;
+//! - `balancer`: publication and picks.
+//!
+//! Pick and publication costs are measured by `benches/endpoint_selection.rs`.
 
 mod balancer;
 mod config;
@@ -59,8 +67,8 @@ mod plan;
 mod snapshot;
 mod state;
 
-pub use balancer::{Balancer, Outcome, PREFETCH_FROM, PickContext, PickError, Picked};
+pub use balancer::{Balancer, PREFETCH_FROM, PickContext, PickError, Picked};
 pub use config::{BalancerConfig, Locality, OutlierConfig, Policy, Tiering, TrafficDistribution};
 pub use layout::{Iter as TierIter, Tier};
 pub use snapshot::Snapshot;
-pub use state::{EndpointState, StateHandle};
+pub use state::{EndpointState, Outcome, StateHandle};

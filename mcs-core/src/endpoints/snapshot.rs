@@ -241,7 +241,10 @@ impl Snapshot {
             len,
             serving_terminating: serving_terminating && len > 0,
             rings: if config.session_affinity {
-                tiers.iter().map(Ring::build).collect()
+                tiers
+                    .iter()
+                    .map(|tier| Ring::build(tier.iter().map(EndpointState::key)))
+                    .collect()
             } else {
                 Vec::new()
             },

@@ -19,10 +19,19 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use super::balancer::Outcome;
 use super::config::{BalancerConfig, OutlierConfig};
 use super::hash;
 use crate::discovery::Endpoint;
+
+/// The result of a request, fed back into outlier detection and load estimates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The endpoint answered well.
+    Success,
+    /// The endpoint failed (connect error, timeout, or a response the caller counts as a
+    /// failure, such as 503).
+    Failure,
+}
 
 /// Live state of one endpoint, shared by every snapshot that contains its address.
 ///
@@ -31,20 +40,15 @@ use crate::discovery::Endpoint;
 /// and ejection carry over to the successor. An endpoint that leaves the pick set (removed,
 /// not ready, ineligible) starts afresh if it comes back.
 ///
-/// An `EndpointState` is what a snapshot holds at each position (see
-/// [`Tier`](super::Tier)): one pointer to the endpoint's live counters. To keep a state
-/// beyond the snapshot it was read from, take a [`StateHandle`] with
-/// [`handle`](Self::handle).
+/// An `EndpointState` is what a snapshot holds at each position: one pointer to the
+/// endpoint's live counters. To keep a state beyond the snapshot it was read from, take a
+/// [`StateHandle`] with [`handle`](Self::handle).
 ///
 /// The in-flight count is the number of [`Picked`](super::Picked) guards holding the
-/// counters: the counters' `Arc` strong count less the holders (snapshot positions and
-/// [`StateHandle`]s), each of which also holds one weak reference, so that the weak count
-/// is the number of holders. A pick takes one reference and completing or dropping the
-/// guard gives it back, so a request's start and end are one atomic each, no separate
-/// in-flight counter is kept, and a pick compares two counts that sit in the first 16
-/// bytes of the allocation (16-byte aligned with glibc's allocator, so never across two
-/// cache lines). A snapshot keeps the weak references apart from the pointers (see
-/// [`Tier`](super::Tier)), so the positions a pick reads are 8 bytes each.
+/// counters: the `Arc` strong count less the holders (snapshot positions and
+/// [`StateHandle`]s), each of which also holds one weak reference, so the weak count is
+/// the number of holders. A request's start and end are then one atomic each, with no
+/// separate in-flight counter.
 #[derive(Debug)]
 pub struct EndpointState {
     live: Arc<Live>,
@@ -119,14 +123,13 @@ impl StateHandle {
     }
 }
 
-/// What a pick reads, and the way to the rest. Its `Arc` strong count is the holders
-/// (snapshot positions and [`StateHandle`]s, also counted by the weak count) plus the
-/// requests in flight.
+/// What a pick reads (the `Arc` counts and the address), and a pointer to the rest. Its
+/// `Arc` strong count is the holders (also counted by the weak count) plus the requests
+/// in flight.
 ///
-/// With the `Arc` counts this is 56 bytes, which glibc's allocator serves from its 64-byte
-/// class; a pick reads the counts of two candidates and the address of the one it takes.
-/// Everything else is in [`Cold`], allocated ahead of a batch of states (see
-/// [`StateHandle::prepare`]) so that it does not sit between them.
+/// Kept small enough that, with the `Arc` counts, it fits a 64-byte allocation, so a pick
+/// reads one cache line per candidate. Everything else is in [`Cold`], allocated ahead of
+/// a batch of states (see [`StateHandle::prepare`]) so that it does not sit between them.
 #[derive(Debug)]
 #[repr(C)]
 pub(crate) struct Live {
@@ -288,8 +291,8 @@ impl EndpointState {
         self.cold().key
     }
 
-    /// p2c least-loaded cost, the in-flight count. Cost: two relaxed loads from the first
-    /// 16 bytes of the state's allocation and a subtraction.
+    /// p2c least-loaded cost, the in-flight count. Cost: two relaxed loads and a
+    /// subtraction.
     #[inline(always)]
     pub(crate) fn pick_load(&self) -> usize {
         let holders = Arc::weak_count(&self.live);
@@ -325,11 +328,8 @@ impl EndpointState {
         estimate.max(1.0) * pending
     }
 
-    /// Asks the CPU to start loading what a pick reads of this state: the cache line its
-    /// address starts in. The `Arc` counts are in that line too, unless the allocation
-    /// starts in the last 16 bytes of a line; then they are in the line before, which this
-    /// does not ask for. A hint only: nothing waits for it. On targets other than x86 with
-    /// SSE it does nothing.
+    /// Asks the CPU to start loading what a pick reads of this state (the cache line of
+    /// its counters). A hint only; on targets other than x86 with SSE it does nothing.
     #[inline(always)]
     pub(crate) fn prefetch(&self) {
         #[cfg(all(
