@@ -8,7 +8,8 @@
 //!   upserts in any order or built at once equals it, under both stabilities;
 //! - an import exists iff at least one export is valid; it repeats no port name or
 //!   (protocol, port) pair; every merged port routes to exactly the valid clusters that
-//!   expose it; every condition reason matches the CRD pattern and every message fits;
+//!   expose it and share an IP family with the import; every condition reason matches the
+//!   CRD pattern and every message fits;
 //! - a sticky merge is a fixed point;
 //! - along any history, a `Change` reports exactly what differs, repeating an update
 //!   changes nothing, and under `Fresh` the state equals the pure merge of its exports.

@@ -5,7 +5,9 @@
 //! - applying the same update twice changes nothing the second time;
 //! - an import exists iff at least one export is valid;
 //! - no import repeats a port name or a (protocol, port) pair;
-//! - every merged port routes to at least one cluster, and only to clusters that expose it;
+//! - every merged port routes to exactly the clusters that expose it and share an IP family
+//!   with the import; a cluster with none of the import's families gets no route at all
+//!   and is in `IPFamilyConflict`;
 //! - every `Conflict` reason matches the CRD's reason pattern;
 //! - a [`Change`] reports exactly what differs between the states before and after;
 //! - under `Fresh`, the state after any history equals the pure merge of its constituents.
@@ -20,6 +22,7 @@ use mcs_core::api::{
     InternalTrafficPolicy, IpFamily, Protocol, ServicePort, SessionAffinity, StringMap,
     TrafficDistribution,
 };
+use mcs_core::conditions::{ConflictReason, ValidReason};
 use mcs_core::merge::{
     Change, ClusterSetState, Constituent, MergeOutcome, ServiceFacts, ServiceKind, Stability, merge,
 };
@@ -201,6 +204,47 @@ proptest! {
         check_outcome(&s, &second, &sticky);
         let again = merge(&s, &second, Stability::Sticky, sticky.import.as_ref()).unwrap();
         prop_assert_eq!(&again, &sticky, "a sticky merge is a fixed point");
+    }
+
+    #[test]
+    fn no_cluster_is_routed_across_ip_families(
+        (first, _) in exports_and_shuffled(),
+        (second, _) in exports_and_shuffled(),
+    ) {
+        // Fresh, and sticky after another set: a kept import may publish families that no
+        // remaining cluster has.
+        let s = svc();
+        let previous = merge(&s, &first, Stability::Fresh, None).unwrap();
+        for outcome in [
+            merge(&s, &second, Stability::Fresh, None).unwrap(),
+            merge(&s, &second, Stability::Sticky, previous.import.as_ref()).unwrap(),
+        ] {
+            let Some(import) = &outcome.import else { continue };
+            let published = import.spec.ip_families.clone().unwrap_or_default();
+            for c in &second {
+                let Some(facts) = c.service().filter(|_| c.validity() == ValidReason::Valid) else {
+                    continue;
+                };
+                let own = facts.ip_families();
+                let shares = own.is_empty()
+                    || published.is_empty()
+                    || own.iter().any(|f| published.contains(f));
+                let routed: Vec<&ServicePort> = import
+                    .routes
+                    .iter()
+                    .filter(|r| r.clusters.contains(c.cluster()))
+                    .map(|r| &r.port)
+                    .collect();
+                let exposed: Vec<&ServicePort> =
+                    import.spec.ports.iter().filter(|p| facts.exposes(p)).collect();
+                if shares {
+                    prop_assert_eq!(routed, exposed, "{} {:?} under {:?}", c.cluster(), own, published);
+                } else {
+                    prop_assert!(routed.is_empty(), "{} {:?} routed under {:?}", c.cluster(), own, published);
+                    prop_assert!(outcome.conflicts.contains(ConflictReason::IpFamilyConflict));
+                }
+            }
+        }
     }
 
     #[test]

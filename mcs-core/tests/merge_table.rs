@@ -375,6 +375,100 @@ fn ip_family_policy() {
 }
 
 #[test]
+fn ip_families_decide_which_clusters_are_routed() {
+    use IpFamily::{IPv4, IPv6};
+    // (winner, other, other routed?): a cluster is routed iff it shares a family with the
+    // import, or either side states none.
+    let table: [(&[IpFamily], &[IpFamily], bool); 10] = [
+        (&[IPv4], &[IPv4], true),
+        (&[IPv4], &[IPv4, IPv6], true), // its IPv6 endpoints are not admitted, see below
+        (&[IPv4, IPv6], &[IPv4], true), // in conflict, but reachable over IPv4
+        (&[IPv4, IPv6], &[IPv6], true), // in conflict, but reachable over IPv6
+        (&[IPv4], &[IPv6], false),      // IPv6-only under an IPv4 import
+        (&[IPv6], &[IPv4], false),      // IPv4-only under an IPv6 import
+        (&[IPv6, IPv4], &[IPv4], true), // order does not matter
+        (&[IPv4], &[], true),           // the other states none
+        (&[], &[IPv6], true),           // nothing published
+        (&[], &[], true),
+    ];
+    for (winner, other, routed) in table {
+        let mut a = Knobs::base();
+        a.families = winner.to_vec();
+        let mut b = Knobs::base();
+        b.families = other.to_vec();
+        let outcome = merged(&[a.export("a", 1), b.export("b", 2)]);
+        let expected: &[&str] = if routed { &["a", "b"] } else { &["a"] };
+        let case = format!("winner {winner:?}, other {other:?}");
+        for (port, clusters) in route_map(&outcome) {
+            assert_eq!(clusters, expected, "{case}: port {port}");
+        }
+        if !routed {
+            assert!(
+                outcome.conflicts.contains(ConflictReason::IpFamilyConflict),
+                "{case}: left out only when in conflict"
+            );
+        }
+        let import = outcome.import.unwrap();
+        for family in [IPv4, IPv6] {
+            assert_eq!(
+                import.admits_family(family),
+                winner.is_empty() || winner.contains(&family),
+                "{case}: endpoints of {family:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_port_only_a_cluster_of_another_family_exposes_routes_nowhere() {
+    // b (IPv6 only) adds a port; the import is IPv4 (a is older), so the union keeps the
+    // port but no backend can be reached over IPv4 on it.
+    let mut b = Knobs::base();
+    b.families = vec![IpFamily::IPv6];
+    b.ports.push(port("grpc", Protocol::Tcp, 9443));
+    let outcome = merged(&[Knobs::base().export("a", 1), b.export("b", 2)]);
+    assert_conflict_everywhere(
+        &outcome,
+        &[
+            ConflictReason::PortConflict,
+            ConflictReason::IpFamilyConflict,
+        ],
+    );
+    let routes = route_map(&outcome);
+    assert_eq!(routes["tcp/42"], ["a"]);
+    assert_eq!(routes["udp/42"], ["a"]);
+    assert!(routes["grpc/9443"].is_empty(), "{routes:?}");
+}
+
+#[test]
+fn sticky_import_of_a_family_no_remaining_cluster_has_routes_nowhere_until_refresh() {
+    let mut b = Knobs::base();
+    b.families = vec![IpFamily::IPv6];
+    let mut state = ClusterSetState::new(Stability::Sticky);
+    state.upsert(&svc(), Knobs::base().export("a", 1));
+    state.upsert(&svc(), b.export("b", 2));
+    let import = state.import(&svc()).unwrap();
+    assert!(import.routes.iter().all(|r| r.clusters == [id("a")]));
+
+    // The IPv4 import is kept after a leaves; b's IPv6 backends stay unrouted.
+    state.remove(&svc(), &id("a"));
+    let import = state.import(&svc()).unwrap();
+    assert_eq!(import.spec.ip_families, Some(vec![IpFamily::IPv4]), "kept");
+    assert!(import.routes.iter().all(|r| r.clusters.is_empty()));
+    assert_eq!(
+        state.conflicts(&svc()),
+        reasons(&[ConflictReason::IpFamilyConflict])
+    );
+
+    // A fresh merge makes b the winner: IPv6, routed to b.
+    state.refresh(&svc());
+    let import = state.import(&svc()).unwrap();
+    assert_eq!(import.spec.ip_families, Some(vec![IpFamily::IPv6]));
+    assert!(import.routes.iter().all(|r| r.clusters == [id("b")]));
+    assert!(import.admits_family(IpFamily::IPv6) && !import.admits_family(IpFamily::IPv4));
+}
+
+#[test]
 fn invalid_exports_are_not_constituents() {
     let mut headless = Knobs::base();
     headless.kind = ServiceKind::Headless;

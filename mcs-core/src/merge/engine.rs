@@ -96,7 +96,9 @@ pub struct PortRoute {
     /// The merged port, as in the import's `spec.ports`.
     pub port: ServicePort,
     /// The valid exporting clusters whose Service exposes this port (same name, protocol
-    /// and number), sorted by cluster id. Never empty.
+    /// and number) and shares an IP family with the import, sorted by cluster id (see
+    /// the routing rule in the [module docs](super)). Empty only when every cluster that
+    /// exposes the port has none of the import's families (an `IPFamilyConflict`).
     pub clusters: Vec<ClusterId>,
 }
 
@@ -127,6 +129,17 @@ impl MergedImport {
             .iter()
             .find(|r| port_key(&r.port) == key)
             .map_or(&[], |r| r.clusters.as_slice())
+    }
+
+    /// Whether endpoint addresses of `family` may receive the import's traffic: the
+    /// import publishes that family, or publishes none. A routed cluster's endpoints of
+    /// any other family must not be handed out (see the routing rule in the
+    /// [module docs](super)).
+    pub fn admits_family(&self, family: IpFamily) -> bool {
+        self.spec
+            .ip_families
+            .as_deref()
+            .is_none_or(|published| published.is_empty() || published.contains(&family))
     }
 
     /// `status` with `clusters` set (no conditions: those belong to the importing agent).
@@ -440,6 +453,12 @@ pub(crate) fn resolve<'a>(
         _ => fresh,
     };
 
+    let published = draft.spec.ip_families.as_deref().unwrap_or_default();
+    let unreachable: Vec<&ClusterId> = members
+        .iter()
+        .filter(|m| !shares_family(m.facts.ip_families(), published))
+        .map(|m| m.export.cluster())
+        .collect();
     let routes = draft
         .spec
         .ports
@@ -448,8 +467,11 @@ pub(crate) fn resolve<'a>(
             port: port.clone(),
             clusters: exposure
                 .get(&port_key(port))
-                .map(|ids| ids.iter().map(|&id| id.clone()).collect())
-                .unwrap_or_default(),
+                .into_iter()
+                .flatten()
+                .filter(|id| !unreachable.contains(id))
+                .map(|&id| id.clone())
+                .collect(),
         })
         .collect();
     let clusters = members.iter().map(|m| m.export.cluster().clone()).collect();
@@ -654,6 +676,13 @@ fn conflicts(draft: &Draft, members: &[Member<'_>]) -> (ConflictReasons, String)
 /// publishes: its backends would be unreachable over that family.
 fn lacks_family(own: &[IpFamily], published: &[IpFamily]) -> bool {
     !own.is_empty() && published.iter().any(|f| !own.contains(f))
+}
+
+/// Whether a constituent with families `own` can take traffic of an import that publishes
+/// `published`: they share a family, or either side states none (nothing to tell them
+/// apart). A constituent that shares none is always in `IPFamilyConflict`.
+fn shares_family(own: &[IpFamily], published: &[IpFamily]) -> bool {
+    own.is_empty() || published.is_empty() || own.iter().any(|f| published.contains(f))
 }
 
 /// Name, protocol, number and appProtocol: what makes two port sets identical.

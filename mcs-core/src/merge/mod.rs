@@ -32,10 +32,20 @@
 //!   wins, so the result never repeats a name or a (protocol, port) pair. Ports are
 //!   compared on name, protocol, port and `appProtocol`: **any difference between the port
 //!   sets is a `PortConflict`**, including one cluster having an extra port.
-//! - **Routing.** A cluster may receive traffic for a merged port only when its Service
-//!   exposes that port: same name, protocol and number (`appProtocol` is only a hint).
-//!   [`MergedImport::routes`] lists those clusters per port; every merged port has at least
-//!   one.
+//! - **Routing** (`SPEC.md` 2.4: "traffic to a port SHOULD go only to endpoints in
+//!   clusters whose Service exposes that port"). A cluster may receive traffic for a
+//!   merged port only when its Service exposes that port (same name, protocol and number;
+//!   `appProtocol` is only a hint) **and** can be reached over an IP family the import
+//!   publishes: the two share a family, or either states none. [`MergedImport::routes`]
+//!   lists those clusters per port. A cluster left out for its families is one in
+//!   `IPFamilyConflict` whose backends have none of the import's families (an IPv6-only
+//!   Service under an IPv4 import): they are unreachable over every family the import
+//!   has, so routing to them would hand out addresses of a family the import does not
+//!   have. A dual-stack import keeps routing to a single-stack cluster that has one of
+//!   its families. Within a routed cluster, only endpoints of a published family (any,
+//!   when none is published) take the traffic ([`MergedImport::admits_family`]). A port
+//!   only such clusters expose stays in the union (the port rule does not look at
+//!   families) but routes nowhere.
 //! - **`sessionAffinity`, `sessionAffinityConfig`, `internalTrafficPolicy`,
 //!   `trafficDistribution`**: the winner's values, exactly as its Service has them, each
 //!   with its own conflict reason.

@@ -5,9 +5,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use mcs_core::api::ServicePort;
-use mcs_core::conditions::{ConditionStatus, ValidReason, is_valid_reason};
-use mcs_core::merge::{Change, Constituent, ImportChange, MAX_MESSAGE_LEN, MAX_PORT, MergeOutcome};
+use mcs_core::api::{IpFamily, ServicePort};
+use mcs_core::conditions::{ConditionStatus, ConflictReason, ValidReason, is_valid_reason};
+use mcs_core::merge::{
+    Change, Constituent, ImportChange, MAX_MESSAGE_LEN, MAX_PORT, MergeOutcome, ServiceFacts,
+};
 use mcs_core::name::ServiceRef;
 
 /// A Service's ports as the API server would accept them: the first port of every name
@@ -98,20 +100,45 @@ pub(crate) fn check_outcome(service: &ServiceRef, exports: &[Constituent], outco
             families.len()
         );
     }
+    // Routing: a cluster gets a port's traffic iff its Service exposes the port and it can
+    // be reached over a family the import publishes (either side stating none counts).
+    let published: Vec<IpFamily> = import.spec.ip_families.clone().unwrap_or_default();
+    let reachable = |f: &ServiceFacts| {
+        let own = f.ip_families();
+        own.is_empty() || published.is_empty() || own.iter().any(|x| published.contains(x))
+    };
+    for family in [IpFamily::IPv4, IpFamily::IPv6] {
+        assert_eq!(
+            import.admits_family(family),
+            published.is_empty() || published.contains(&family),
+            "{family:?} admitted under {published:?}"
+        );
+    }
     assert_eq!(import.routes.len(), import.spec.ports.len());
     for (route, p) in import.routes.iter().zip(&import.spec.ports) {
         assert_eq!(&route.port, p);
-        assert!(!route.clusters.is_empty(), "port {p:?} routes nowhere");
         assert_eq!(import.clusters_for(p), &route.clusters[..]);
-        let exposers: Vec<_> = valid
+        let exposers: Vec<(&Constituent, &ServiceFacts)> = valid
             .values()
-            .filter(|c| c.service().is_some_and(|f| f.exposes(p)))
-            .map(|c| c.cluster().clone())
+            .filter_map(|c| c.service().map(|f| (*c, f)))
+            .filter(|(_, f)| f.exposes(p))
+            .collect();
+        assert!(!exposers.is_empty(), "port {p:?} is exposed by no cluster");
+        let routed: Vec<_> = exposers
+            .iter()
+            .filter(|(_, f)| reachable(f))
+            .map(|(c, _)| c.cluster().clone())
             .collect();
         assert_eq!(
-            route.clusters, exposers,
-            "exactly the exposing clusters are routed to"
+            route.clusters, routed,
+            "exactly the exposing clusters that share a family with {published:?}"
         );
+        if routed.len() < exposers.len() {
+            assert!(
+                outcome.conflicts.contains(ConflictReason::IpFamilyConflict),
+                "a cluster left out of port {p:?}'s route for its families is in conflict"
+            );
+        }
     }
     // The import as a ServiceImport object carries the same spec and clusters.
     let object = import.to_service_import(service);
