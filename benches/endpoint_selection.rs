@@ -7,10 +7,10 @@
 //! - `p2c_least_loaded/{ours,floor,tower}/<n>`: p2c on in-flight load, for n = 2, 16,
 //!   128, 1,024 and 10,000 endpoints.
 //!   - `ours`: one pick plus dropping its guard, on one thread.
-//!   - `floor`: the hand-rolled minimum `CLIENT-LB.md` §3 measured, for reference: an
-//!     `ArcSwap` of `Vec<Arc<Ep>>` with an `AtomicU32` in-flight count per endpoint, p2c on
-//!     it, `fetch_add` and `fetch_sub`. No tiers, health, guard or live state across swaps:
-//!     the cost of the memory traffic a least-loaded pick cannot avoid.
+//!   - `floor`: a hand-rolled minimum, for reference: an `ArcSwap` of `Vec<Arc<Ep>>` with
+//!     an `AtomicU32` in-flight count per endpoint, p2c on it, `fetch_add` and
+//!     `fetch_sub`. No tiers, health, guard or live state across swaps: the cost of the
+//!     memory traffic a least-loaded pick cannot avoid.
 //!   - `tower`: tower 0.5 `balance::p2c::Balance` over a `ServiceList` of no-op services
 //!     wrapped in `load::PendingRequests`: `poll_ready` + `call` + await, driven by
 //!     `futures::executor::block_on` (one `block_on` per batch of iterations, so the
