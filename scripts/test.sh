@@ -7,6 +7,9 @@
 # It installs or builds what the integration tests need, only when missing:
 #   - kube-apiserver, etcd and kube-controller-manager, built from Go modules into
 #     ~/.cache/mcs-k8s (scripts/k8s-bins.sh; cold build ~20 min, warm: instant);
+#   - kwok v0.8.0 (with its Stage objects) and CoreDNS v1.15.0, built the same way
+#     (scripts/kwok-coredns-bins.sh; cold ~6 min, warm: instant), exported as
+#     MCS_KWOK_BIN, MCS_KWOK_STAGES and MCS_COREDNS_BIN;
 #   - dig (Debian's bind9-dnsutils) for the DNS tests.
 # Tests that need these fail loudly when they are missing; nothing is skipped.
 set -euo pipefail
@@ -15,6 +18,11 @@ cd "$(dirname "$0")/.."
 MCS_K8S_BIN=$(scripts/k8s-bins.sh | tail -n 1)
 export MCS_K8S_BIN
 echo "test: Kubernetes binaries in $MCS_K8S_BIN"
+
+EXTRA_BIN=$(scripts/kwok-coredns-bins.sh | tail -n 1)
+export MCS_KWOK_BIN="$EXTRA_BIN/kwok" MCS_KWOK_STAGES="$EXTRA_BIN/kwok-stages.yaml"
+export MCS_COREDNS_BIN="$EXTRA_BIN/coredns"
+echo "test: kwok, its stages and CoreDNS in $EXTRA_BIN"
 
 if ! command -v dig >/dev/null 2>&1; then
 	echo "test: installing dig (bind9-dnsutils)"

@@ -12,7 +12,10 @@
 //! - holds only records of the asked type, without repeats, with the zone's TTL;
 //! - names only what the DNS wire format can carry (labels of at most 63 characters,
 //!   names of at most 253), and every owner name and SRV target parses with the mcs-core
-//!   name grammar; every SRV target resolves (NOERROR for an A question).
+//!   name grammar; every SRV target resolves (NOERROR for an A question);
+//! - names as the SOA's primary server and NS target the configured name server, which
+//!   lies outside the zone (`set_nameserver` refuses names inside it), unless the zone
+//!   contains the default one.
 #![no_main]
 
 use std::collections::BTreeSet;
@@ -27,7 +30,7 @@ use mcs_core::api::{
     LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER, Protocol, ServiceImportSpec, ServiceImportType,
     ServicePort,
 };
-use mcs_core::dns::{Answer, QueryType, RData, Rcode, ZoneData};
+use mcs_core::dns::{Answer, DEFAULT_NAMESERVER, QueryType, RData, Rcode, ZoneData};
 use mcs_core::name::{McsName, Zone};
 use mcs_fuzz::{cluster, label, mixed_case, wire_encodable};
 
@@ -191,7 +194,7 @@ fn build(u: &mut Unstructured<'_>, seen: &mut Seen) -> Result<ZoneData> {
     let zone = zone(u)?;
     let mut data = ZoneData::new(zone, u.int_in_range(0..=300u32)?);
     for _ in 0..u.int_in_range(0..=24usize)? {
-        match u.int_in_range(0..=6u8)? {
+        match u.int_in_range(0..=7u8)? {
             0 => {
                 let ns = Seen::pick(u, &seen.namespaces)?;
                 seen.namespaces.push(ns.clone());
@@ -219,9 +222,25 @@ fn build(u: &mut Unstructured<'_>, seen: &mut Seen) -> Result<ZoneData> {
                     .upsert_slice(&slice(u, seen)?)
                     .map_err(|e| e.to_string());
             }
-            _ => {
+            6 => {
                 let ns = Seen::pick(u, &seen.namespaces)?;
                 data.remove_slice(&ns, &format!("s{}", u.int_in_range(0..=5u8)?));
+            }
+            _ => {
+                // A name server outside the zone, inside it, or arbitrary text.
+                let z = data.zone().to_string();
+                let name = match u.int_in_range(0..=2u8)? {
+                    0 => format!("ns{}.example.", u.int_in_range(0..=9u8)?),
+                    1 => format!("ns.dns.{z}"),
+                    _ => u.arbitrary::<String>()?,
+                };
+                let before = data.nameserver().to_owned();
+                match data.set_nameserver(&mixed_case(u, &name)?) {
+                    Ok(()) => assert!(!data.zone().contains(data.nameserver())),
+                    Err(_) => {
+                        assert_eq!(data.nameserver(), before, "a refused name changes nothing")
+                    }
+                }
             }
         }
     }
@@ -334,7 +353,14 @@ fn check(data: &ZoneData, qname: &str, qtype: QueryType, answer: &Answer) {
                     "SRV target {target:?} does not parse"
                 );
             }
-            RData::Ns(name) => assert!(wire_encodable(name), "NS {name:?}"),
+            RData::Ns(name) => {
+                assert!(wire_encodable(name), "NS {name:?}");
+                assert_eq!(name, data.nameserver());
+                assert!(
+                    !zone.contains(name) || zone.contains(DEFAULT_NAMESERVER),
+                    "NS {name:?} inside the zone"
+                );
+            }
             RData::Soa {
                 mname,
                 rname,
@@ -343,6 +369,11 @@ fn check(data: &ZoneData, qname: &str, qtype: QueryType, answer: &Answer) {
                 ..
             } => {
                 assert!(wire_encodable(mname), "SOA mname {mname:?}");
+                assert_eq!(mname, data.nameserver());
+                assert!(
+                    !zone.contains(mname) || zone.contains(DEFAULT_NAMESERVER),
+                    "SOA mname {mname:?} inside the zone"
+                );
                 assert!(wire_encodable(rname), "SOA rname {rname:?}");
                 assert!(*serial >= 1);
                 assert_eq!(*minimum, r.ttl);

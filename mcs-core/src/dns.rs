@@ -11,7 +11,7 @@
 //! | `_<port>._<proto>.<svc>.<ns>.svc.<zone>` | SRV for that named port |
 //! | `<hostname>.<clusterid>.<svc>.<ns>.svc.<zone>` | A/AAAA of that endpoint (headless only) |
 //! | `dns-version.<zone>` | TXT [`DNS_SCHEMA_VERSION`] |
-//! | `<zone>` | SOA, NS |
+//! | `<zone>` | SOA, NS (naming [`ZoneData::nameserver`], outside the zone) |
 //!
 //! NXDOMAIN versus NODATA follows the reference CoreDNS `multicluster` plugin: NXDOMAIN for a
 //! namespace missing in the local cluster, no ServiceImport, malformed or too long names, a
@@ -19,6 +19,11 @@
 //! (NOERROR, empty answer) for a name that exists without records of the asked type, the
 //! apex, `svc.<zone>`, `<ns>.svc.<zone>`, and TXT for anything but `dns-version`. Names outside
 //! the zone are REFUSED (no recursion); zone transfers are NOTIMP.
+//!
+//! The SOA's primary name server (`mname`) and the apex NS record name a host **outside**
+//! the zone, [`DEFAULT_NAMESERVER`] unless [`ZoneData::set_nameserver`] says otherwise. The
+//! zone holds no address records for it, so it must not name a host inside the zone: a
+//! resolver following the NS record would find NXDOMAIN there.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -27,6 +32,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use crate::ClusterId;
 use crate::api::{Protocol, ServiceImportType, ServicePort, v1beta1::ServiceImport};
+use crate::cluster::check_rfc1123_label;
 use crate::name::{Hostname, MAX_NAME_LEN, McsName, NameError, PortName, ServiceRef, Zone};
 use crate::slices::{McsSlice, SliceError};
 
@@ -36,6 +42,14 @@ pub const DNS_SCHEMA_VERSION: &str = "1.0.0";
 
 /// Default TTL of every record, in seconds (the CoreDNS plugin uses 5).
 pub const DEFAULT_TTL: u32 = 5;
+
+/// The default name server of the zone (the SOA `mname` and the apex NS target).
+///
+/// The CoreDNS `kubernetes` plugin answers `ns.dns.cluster.local` with the address of its
+/// own Service: the cluster DNS that pods ask, which forwards the ClusterSet zone to
+/// mcs-dns. The name lies outside the ClusterSet zone, so mcs-dns needs no address record
+/// for it.
+pub const DEFAULT_NAMESERVER: &str = "ns.dns.cluster.local.";
 
 /// The question type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -178,6 +192,14 @@ pub enum DnsDataError {
     /// The slice cannot be used.
     #[error(transparent)]
     Slice(#[from] SliceError),
+    /// The zone's name server is not a host name outside the zone.
+    #[error("nameserver {name:?}: {problem}")]
+    Nameserver {
+        /// The name as given.
+        name: String,
+        /// What is wrong.
+        problem: String,
+    },
 }
 
 #[derive(Clone, Debug, Default)]
@@ -199,18 +221,22 @@ pub struct ZoneData {
     zone: Zone,
     ttl: u32,
     serial: u32,
+    nameserver: String,
     namespaces: BTreeSet<String>,
     services: BTreeMap<ServiceRef, ServiceEntry>,
     slice_owner: HashMap<(String, String), ServiceRef>,
 }
 
 impl ZoneData {
-    /// Empty data for `zone` with records of `ttl` seconds.
+    /// Empty data for `zone` with records of `ttl` seconds, naming [`DEFAULT_NAMESERVER`]
+    /// as the zone's name server. A zone that contains that name (`cluster.local` or a
+    /// parent of it) needs [`ZoneData::set_nameserver`].
     pub fn new(zone: Zone, ttl: u32) -> Self {
         Self {
             zone,
             ttl,
             serial: 1,
+            nameserver: DEFAULT_NAMESERVER.to_owned(),
             namespaces: BTreeSet::new(),
             services: BTreeMap::new(),
             slice_owner: HashMap::new(),
@@ -220,6 +246,46 @@ impl ZoneData {
     /// The zone.
     pub fn zone(&self) -> &Zone {
         &self.zone
+    }
+
+    /// The zone's name server: the SOA `mname` and the apex NS target, an absolute name
+    /// (trailing dot) outside the zone.
+    pub fn nameserver(&self) -> &str {
+        &self.nameserver
+    }
+
+    /// Sets the zone's name server. `name` must be a host name (RFC 1123 labels, any case,
+    /// trailing dot optional) outside the zone: the zone has no address records for it.
+    pub fn set_nameserver(&mut self, name: &str) -> Result<(), DnsDataError> {
+        let problem = |p: String| DnsDataError::Nameserver {
+            name: name.to_owned(),
+            problem: p,
+        };
+        let host = name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase();
+        if host.is_empty() {
+            return Err(problem("is empty".into()));
+        }
+        if host.len() > MAX_NAME_LEN {
+            return Err(problem(format!(
+                "is {} characters long; at most {MAX_NAME_LEN} are allowed",
+                host.len()
+            )));
+        }
+        for label in host.split('.') {
+            check_rfc1123_label(label).map_err(|e| problem(format!("label {label:?} {e}")))?;
+        }
+        if self.zone.contains(&host) {
+            return Err(problem(format!(
+                "lies inside zone {}, which has no address records for it; name a host outside the zone",
+                self.zone
+            )));
+        }
+        let host = format!("{host}.");
+        if host != self.nameserver {
+            self.nameserver = host;
+            self.bump();
+        }
+        Ok(())
     }
 
     /// Records that namespace `ns` exists (or no longer does) in the local cluster.
@@ -342,7 +408,7 @@ impl ZoneData {
             McsName::Apex => {
                 match qtype {
                     QueryType::Soa => out.answers.push(self.soa()),
-                    QueryType::Ns => out.push(RData::Ns(self.ns_name())),
+                    QueryType::Ns => out.push(RData::Ns(self.nameserver.clone())),
                     _ => {}
                 }
                 true
@@ -555,16 +621,12 @@ impl ZoneData {
         (target.len() <= MAX_NAME_LEN + 1).then_some(target)
     }
 
-    fn ns_name(&self) -> String {
-        format!("ns.dns.{}.", self.zone)
-    }
-
     fn soa(&self) -> Record {
         Record {
             name: self.zone.fqdn(),
             ttl: self.ttl,
             data: RData::Soa {
-                mname: self.ns_name(),
+                mname: self.nameserver.clone(),
                 rname: format!("hostmaster.{}.", self.zone),
                 serial: self.serial,
                 refresh: 7200,

@@ -1,7 +1,9 @@
 //! Property: no UDP answer of the DNS server exceeds the UDP size in force (the server's
 //! configured maximum, lowered by the client's EDNS buffer, 512 without EDNS), and an
 //! answer that lost records to that limit carries the TC bit. The same question over TCP
-//! gives the whole answer, which a UDP answer without TC must equal.
+//! gives the whole answer, which a UDP answer without TC must equal. An answer to a
+//! request with EDNS carries an OPT record (RFC 6891 6.1.1), truncated or not, offering
+//! the size in force.
 //!
 //! The server is the real one (hickory-server on loopback UDP and TCP), fed through its
 //! [`ZoneHandle`](mcs_kube::dns::ZoneHandle) with random ServiceImports and EndpointSlices;
@@ -66,13 +68,15 @@ struct Question {
 fn question() -> impl Strategy<Value = Question> {
     (
         0usize..3,
-        0u8..4,
+        0u8..5,
         prop::sample::select(vec![
             RecordType::A,
             RecordType::AAAA,
             RecordType::SRV,
             RecordType::ANY,
             RecordType::TXT,
+            RecordType::NS,
+            RecordType::SOA,
         ]),
         prop::option::of(prop_oneof![
             Just(0u16),
@@ -205,7 +209,9 @@ fn qname(q: &Question, services: &[Svc]) -> String {
                 None => svc,
             }
         }
-        _ => "clusterset.local.".to_owned(),
+        3 => "clusterset.local.".to_owned(),
+        // A negative answer (NXDOMAIN with the SOA).
+        _ => format!("nope.{NS}.svc.clusterset.local."),
     }
 }
 
@@ -296,6 +302,13 @@ fn check_server(max_udp_payload: u16) {
         );
         let udp_msg = Message::from_vec(&over_udp).unwrap();
         let tcp_msg = Message::from_vec(&over_tcp).unwrap();
+        for (transport, m) in [("UDP", &udp_msg), ("TCP", &tcp_msg)] {
+            prop_assert_eq!(
+                m.edns.as_ref().map(|e| usize::from(e.max_payload())),
+                q.edns.map(|_| limit),
+                "{} {:?} edns {:?} over {}: the OPT record", name, q.qtype, q.edns, transport
+            );
+        }
         prop_assert!(!tcp_msg.metadata.truncation, "TCP answers are never truncated");
         prop_assert_eq!(udp_msg.metadata.response_code, tcp_msg.metadata.response_code);
         let (udp_answers, udp_extra) = records(&udp_msg);

@@ -366,6 +366,95 @@ fn nxdomain_and_nodata_follow_the_reference_plugin() {
 }
 
 #[test]
+fn the_nameserver_lies_outside_the_zone() {
+    let mut z = data();
+    let soa = |z: &ZoneData, q: &str| {
+        let a = z.answer(q, QueryType::Soa);
+        let record = a.answers.first().or(a.authority.first()).cloned();
+        match record.map(|r| r.data) {
+            Some(RData::Soa { mname, serial, .. }) => (mname, serial),
+            other => panic!("no SOA for {q}: {other:?}"),
+        }
+    };
+    let ns = |z: &ZoneData| z.answer("clusterset.local.", QueryType::Ns).answers;
+    // By default both name the cluster DNS, outside the zone.
+    let (mname, serial) = soa(&z, "clusterset.local.");
+    assert_eq!(mname, DEFAULT_NAMESERVER);
+    assert_eq!(z.nameserver(), DEFAULT_NAMESERVER);
+    assert!(!z.zone().contains(&mname));
+    assert_eq!(
+        ns(&z),
+        [Record {
+            name: "clusterset.local.".into(),
+            ttl: DEFAULT_TTL,
+            data: RData::Ns(DEFAULT_NAMESERVER.into()),
+        }]
+    );
+    // Negative answers carry the same SOA.
+    assert_eq!(
+        soa(&z, "nope.demo.svc.clusterset.local.").0,
+        DEFAULT_NAMESERVER
+    );
+    // The old in-zone name has nothing behind it and is not offered any more.
+    assert_eq!(
+        z.answer("ns.dns.clusterset.local.", QueryType::A).rcode,
+        Rcode::NxDomain
+    );
+
+    // Another name: normalised to lowercase with the trailing dot; the serial moves.
+    z.set_nameserver("MCS-DNS.mcs-system.svc.cluster.local")
+        .unwrap();
+    assert_eq!(z.nameserver(), "mcs-dns.mcs-system.svc.cluster.local.");
+    let (mname, serial2) = soa(&z, "clusterset.local.");
+    assert_eq!(mname, "mcs-dns.mcs-system.svc.cluster.local.");
+    assert_ne!(serial, serial2, "a new SOA gets a new serial");
+    assert_eq!(
+        ns(&z)[0].data,
+        RData::Ns("mcs-dns.mcs-system.svc.cluster.local.".into())
+    );
+
+    // Names inside the zone (any case), and names that are not host names, are refused
+    // with an error naming the input and the problem; the setting is unchanged.
+    for (bad, problem) in [
+        (
+            "ns.dns.clusterset.local.",
+            "lies inside zone clusterset.local",
+        ),
+        ("NS.Clusterset.Local", "lies inside zone clusterset.local"),
+        ("clusterset.local", "lies inside zone clusterset.local"),
+        ("", "is empty"),
+        (".", "is empty"),
+        ("a..b", "label \"\""),
+        ("under_score.example", "label \"under_score\""),
+    ] {
+        let err = z.set_nameserver(bad).unwrap_err();
+        assert!(
+            matches!(&err, DnsDataError::Nameserver { name, .. } if name == bad),
+            "{bad:?}: {err:?}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.starts_with(&format!("nameserver {bad:?}: ")) && text.contains(problem),
+            "{bad:?}: {text}"
+        );
+    }
+    let long = format!("{}.example", vec!["a".repeat(63); 4].join("."));
+    assert!(
+        z.set_nameserver(&long)
+            .unwrap_err()
+            .to_string()
+            .contains("at most 253"),
+    );
+    assert_eq!(z.nameserver(), "mcs-dns.mcs-system.svc.cluster.local.");
+
+    // A zone that contains the default name must be given another one.
+    let mut local = ZoneData::new(Zone::new("cluster.local").unwrap(), DEFAULT_TTL);
+    assert!(local.set_nameserver(DEFAULT_NAMESERVER).is_err());
+    local.set_nameserver("ns.example.").unwrap();
+    assert_eq!(soa(&local, "cluster.local.").0, "ns.example.");
+}
+
+#[test]
 fn slices_move_between_services_and_imports_go_away() {
     let mut z = data();
     // The same slice now labelled for another service.

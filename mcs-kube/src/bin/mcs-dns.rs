@@ -28,6 +28,10 @@ struct Args {
     /// the TC bit so clients retry over TCP.
     #[arg(long, env = "MCS_DNS_MAX_UDP_PAYLOAD", default_value_t = mcs_kube::dns::DEFAULT_MAX_UDP_PAYLOAD)]
     max_udp_payload: u16,
+    /// The zone's name server, named by its SOA and NS records: a host name outside the
+    /// zone (the default is the cluster's CoreDNS, which forwards the zone here).
+    #[arg(long, env = "MCS_DNS_NAMESERVER", default_value = mcs_core::dns::DEFAULT_NAMESERVER)]
+    nameserver: String,
     /// Address for DNS over UDP and TCP.
     #[arg(long, env = "MCS_DNS_LISTEN", default_value = "0.0.0.0:5353")]
     listen: SocketAddr,
@@ -55,6 +59,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             .zone(zone)
             .ttl(args.ttl)
             .max_udp_payload(args.max_udp_payload)
+            .nameserver(args.nameserver)
             .listen(args.listen),
     )
     .await?;

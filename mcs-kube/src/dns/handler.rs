@@ -1,12 +1,24 @@
 //! Turns hickory requests into [`ZoneData::answer`] calls and answers back.
+//!
+//! hickory-server drops messages shorter than a header and messages with the QR bit set
+//! (responses), and answers FORMERR to messages it cannot parse (including two OPT
+//! records). Everything else reaches [`Handler`], which checks, in this order:
+//! 1. EDNS version above 0: BADVERS, with an OPT record of version 0 (RFC 6891 6.1.3);
+//! 2. an opcode other than QUERY (NOTIFY, UPDATE, STATUS, IQUERY, DSO, ...): NOTIMP;
+//! 3. not exactly one question: FORMERR;
+//! 4. a class other than IN: REFUSED (the zone exists only in class IN);
+//! 5. the watches have not synced yet: SERVFAIL for names in the zone;
+//! 6. otherwise [`ZoneData::answer`] (REFUSED outside the zone, NOTIMP for transfers).
+//!
+//! Every response to a request with an OPT record carries one.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use hickory_server::net::runtime::Time;
-use hickory_server::proto::op::{Edns, Metadata, ResponseCode};
+use hickory_server::proto::op::{Edns, Metadata, OpCode, ResponseCode};
 use hickory_server::proto::rr::rdata::{A, AAAA, NS, SOA, SRV, TXT};
-use hickory_server::proto::rr::{Name, RData, Record, RecordType};
+use hickory_server::proto::rr::{DNSClass, Name, RData, Record, RecordType};
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
 use hickory_server::zone_handler::MessageResponseBuilder;
 use mcs_core::dns::{self, Answer, QueryType, Rcode, ZoneData};
@@ -97,15 +109,25 @@ impl RequestHandler for Handler {
         }
         let error = |code: ResponseCode| (code, None::<Answer>);
         let (code, answer) = match request.request_info() {
+            // The only EDNS version is 0; the OPT record of the answer says so.
+            _ if request.edns.as_ref().is_some_and(|e| e.version() > 0) => {
+                error(ResponseCode::BADVERS)
+            }
+            _ if request.metadata.op_code != OpCode::Query => error(ResponseCode::NotImp),
             Err(_) => error(ResponseCode::FormErr),
-            Ok(_) if !self.synced.load(Ordering::Acquire) => error(ResponseCode::ServFail),
+            Ok(info) if info.query.query_class() != DNSClass::IN => error(ResponseCode::Refused),
             Ok(info) => {
                 let qname = info.query.original().name().to_string();
                 let qtype = query_type(info.query.query_type());
+                let synced = self.synced.load(Ordering::Acquire);
                 // The read lock is held only while the answer is built, never across an await.
-                let answer = self.data.read().map(|data| data.answer(&qname, qtype)).ok();
-                // A poisoned lock means a watch handler panicked mid-update.
-                let Some(answer) = answer else {
+                // Before the first sync only names outside the zone have a sure answer
+                // (REFUSED); the zone's names get SERVFAIL.
+                let answer = self.data.read().ok().map(|data| {
+                    (synced || !data.zone().contains(&qname)).then(|| data.answer(&qname, qtype))
+                });
+                // None: a poisoned lock means a watch handler panicked mid-update.
+                let Some(Some(answer)) = answer else {
                     return self
                         .send_error(request, builder, ResponseCode::ServFail, response)
                         .await;

@@ -4,9 +4,15 @@
 //! (those labelled `multicluster.kubernetes.io/service-name`), which it watches with
 //! kube-rs, and builds every answer with [`mcs_core::dns::ZoneData`]. It serves UDP and TCP
 //! (hickory-server; UDP answers that do not fit carry the TC bit so resolvers retry over
-//! TCP), never recurses (names outside the zone are REFUSED), and answers SERVFAIL until
-//! all three watches have synced. CoreDNS forwards the zone to it
+//! TCP), never recurses (names outside the zone are REFUSED), and answers the zone's names
+//! with SERVFAIL until all three watches have synced. CoreDNS forwards the zone to it
 //! (`deploy/dns/coredns-forward.yaml`).
+//!
+//! Protocol rules (checked before the data is looked at): opcodes other than QUERY get
+//! NOTIMP, EDNS versions above 0 get BADVERS (with an OPT record, RFC 6891), classes other
+//! than IN get REFUSED, and messages hickory cannot parse get FORMERR. The SOA's primary
+//! server and the apex NS record name [`DnsConfig::nameserver`], a host outside the zone
+//! (by default `ns.dns.cluster.local.`, the cluster's CoreDNS).
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -29,7 +35,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use hickory_server::Server;
-use mcs_core::dns::{DEFAULT_TTL, ZoneData};
+use mcs_core::dns::{DEFAULT_NAMESERVER, DEFAULT_TTL, DnsDataError, ZoneData};
 use mcs_core::name::Zone;
 use tokio::net::{TcpListener, UdpSocket};
 
@@ -55,6 +61,10 @@ pub struct DnsConfig {
     /// least 512). A client's smaller EDNS buffer (or 512 without EDNS) lowers it per
     /// query; an answer that does not fit is truncated and carries the TC bit.
     pub max_udp_payload: u16,
+    /// The zone's name server, named by the SOA record and the apex NS record: a host
+    /// name outside the zone (default [`DEFAULT_NAMESERVER`], `ns.dns.cluster.local.`,
+    /// which the cluster's CoreDNS answers with its own address).
+    pub nameserver: String,
 }
 
 impl Default for DnsConfig {
@@ -65,6 +75,7 @@ impl Default for DnsConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 5353)),
             tcp_timeout: Duration::from_secs(5),
             max_udp_payload: DEFAULT_MAX_UDP_PAYLOAD,
+            nameserver: DEFAULT_NAMESERVER.to_owned(),
         }
     }
 }
@@ -91,6 +102,14 @@ impl DnsConfig {
         self
     }
 
+    /// Sets the zone's name server (a host name outside the zone; checked by
+    /// [`DnsServer::bind`]).
+    #[must_use]
+    pub fn nameserver(mut self, name: impl Into<String>) -> Self {
+        self.nameserver = name.into();
+        self
+    }
+
     /// Sets the listen address.
     #[must_use]
     pub fn listen(mut self, listen: SocketAddr) -> Self {
@@ -112,6 +131,15 @@ pub enum DnsError {
         #[source]
         source: std::io::Error,
     },
+    /// The settings do not make a valid zone (for example a name server inside it).
+    #[error("cannot serve zone {zone}: {source}")]
+    Zone {
+        /// The zone.
+        zone: String,
+        /// The problem.
+        #[source]
+        source: DnsDataError,
+    },
     /// The server stopped with an error.
     #[error("DNS server failed: {0}")]
     Serve(String),
@@ -129,8 +157,16 @@ pub struct DnsServer {
 }
 
 impl DnsServer {
-    /// Binds UDP and TCP on `config.listen` (the same port for both).
+    /// Binds UDP and TCP on `config.listen` (the same port for both), after checking the
+    /// settings.
     pub async fn bind(config: DnsConfig) -> Result<Self, DnsError> {
+        let mut zone_data = ZoneData::new(config.zone.clone(), config.ttl);
+        zone_data
+            .set_nameserver(&config.nameserver)
+            .map_err(|source| DnsError::Zone {
+                zone: config.zone.to_string(),
+                source,
+            })?;
         let bind_err = |addr, source| DnsError::Bind { addr, source };
         // With port 0 the UDP socket picks a free port that TCP may already use: try again
         // with another port a few times.
@@ -150,7 +186,7 @@ impl DnsServer {
                 Err(e) => return Err(bind_err(local_addr, e)),
             }
         };
-        let data = Arc::new(RwLock::new(ZoneData::new(config.zone.clone(), config.ttl)));
+        let data = Arc::new(RwLock::new(zone_data));
         Ok(Self {
             config,
             udp,
@@ -210,7 +246,8 @@ impl DnsServer {
     }
 
     /// Answers queries from the data behind [`DnsServer::zone`] until `shutdown` completes,
-    /// without watching a cluster. Queries get SERVFAIL until the handle is marked synced.
+    /// without watching a cluster. Queries for the zone's names get SERVFAIL until the handle
+    /// is marked synced.
     pub async fn serve(self, shutdown: impl Future<Output = ()>) -> Result<(), DnsError> {
         let handler = Handler::new(
             Arc::clone(&self.data),
