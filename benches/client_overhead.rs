@@ -23,7 +23,8 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use mcs::client::{CloneBody, McsLayer, Retry, StaticResolver};
+use mcs::client::connect::{EndpointTarget, with_passthrough};
+use mcs::client::{CloneBody, Http, McsLayer, Retry, StaticResolver};
 use mcs::core::ClusterId;
 use mcs::core::discovery::{Endpoint, Target};
 use mcs::core::endpoints::Locality;
@@ -115,8 +116,10 @@ fn loopback(c: &mut Criterion) {
     let client: Client<HttpConnector, Full<Bytes>> =
         Client::builder(TokioExecutor::new()).build_http();
     let plain_uri = format!("http://{addr}/accrue");
-    let with_layer = layer(addr).layer(client.clone());
-    let with_retry = retry_layer(addr).layer(client.clone());
+    // The layer's per-endpoint clients are built like `client`.
+    let http = || Http::new(Client::builder(TokioExecutor::new()));
+    let with_layer = layer(addr).layer(http());
+    let with_retry = retry_layer(addr).layer(http());
     // Warm the pools and start discovery.
     timed(&rt, &client, &plain_uri, 100);
     timed(&rt, &with_layer, NAME, 100);
@@ -142,8 +145,9 @@ fn layer_only(c: &mut Criterion) {
     let inner = tower::service_fn(|_req: Request<Full<Bytes>>| async {
         Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
     });
-    let balanced = layer(addr).layer(inner);
-    let with_retry = retry_layer(addr).layer(inner);
+    let make = move |_: &EndpointTarget| inner;
+    let balanced = layer(addr).layer(with_passthrough(make, inner));
+    let with_retry = retry_layer(addr).layer(with_passthrough(make, inner));
     let run = |svc: &_, uri: &'static str, iters: u64| {
         let svc: &mcs::client::Mcs<_, _> = svc;
         rt.block_on(async {

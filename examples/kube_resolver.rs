@@ -41,6 +41,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use k8s_openapi::api::core::v1::{Service, ServicePort as CoreServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use mcs_client::McsLayer;
+use mcs_client::connect::{EndpointTarget, Tcp};
 use mcs_core::endpoints::Locality;
 use mcs_kube::resolver::KubeResolver;
 use tower::{Service as _, ServiceBuilder, ServiceExt};
@@ -139,27 +140,19 @@ pub(crate) async fn run() -> Report {
     })
     .await;
 
-    // The transport: a plain hyper client, with the Pod addresses routed to loopback.
-    let http = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
-    let transport = tower::service_fn(move |mut req: http::Request<Empty<Bytes>>| {
-        let http = http.clone();
-        let authority = req
-            .uri()
-            .authority()
-            .and_then(|a| a.as_str().parse::<SocketAddr>().ok());
-        if let Some(to) = authority.and_then(|a| routes.get(&a)) {
-            let uri = format!("http://{to}{}", req.uri().path());
-            *req.uri_mut() = uri.parse().expect("a valid URI");
-        }
-        async move { http.request(req).await }
-    });
+    // One plain hyper client per endpoint, dialling the loopback server that stands in for
+    // the Pod address discovery reports.
+    let make = move |target: &EndpointTarget| {
+        let to = routes.get(&target.addr()).copied().unwrap_or(target.addr());
+        Client::builder(TokioExecutor::new()).build::<_, Empty<Bytes>>(Tcp::new().dial(to))
+    };
     let resolver = KubeResolver::new(set.client(2).clone());
     let mut client = ServiceBuilder::new()
         .layer(McsLayer::new(
             resolver,
             Locality::cluster("north".parse().unwrap()),
         ))
-        .service(transport);
+        .service(make);
 
     let mut split: HashMap<String, usize> = HashMap::new();
     let mut failed = 0;

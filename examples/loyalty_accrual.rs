@@ -37,14 +37,14 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use indicatif::{ProgressBar, ProgressStyle};
 use k8s_openapi::api::discovery::v1::{
     Endpoint as SliceEndpoint, EndpointConditions, EndpointPort, EndpointSlice,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use mcs::client::{CloneBody, DnsResolver, Mcs, McsLayer, Retry, Served};
+use mcs::client::connect::Tcp;
+use mcs::client::{CloneBody, DnsResolver, Http, Mcs, McsLayer, Retry, Served};
 use mcs::core::ClusterId;
 use mcs::core::api::{LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER};
 use mcs::core::endpoints::{BalancerConfig, Locality, OutlierConfig};
@@ -59,7 +59,7 @@ const HOST: &str = "loyalty-accrual.loyalty.svc.clusterset.local";
 const PORT: u16 = 9443;
 const ADMIN_PORT: u16 = 9444;
 
-type Checkout = Mcs<Client<HttpConnector, Full<Bytes>>, CloneBody>;
+type Checkout = Mcs<Http<Tcp, Full<Bytes>>, CloneBody>;
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -144,10 +144,12 @@ async fn run(checks: &mut Checks) -> Result<(), Box<dyn std::error::Error>> {
         .port_name(ADMIN_PORT, PortName::new("admin")?)
         .build()?;
 
-    let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new())
-        .pool_timer(TokioTimer::new())
-        .pool_idle_timeout(Duration::from_secs(30))
-        .build_http();
+    let http: Http<Tcp, Full<Bytes>> = Http::new(
+        Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .clone(),
+    );
     let checkout_in = |cluster: &ClusterId| -> Checkout {
         let mut outlier = OutlierConfig::default();
         // East is 3 of the 7 endpoints: allow ejecting all of them.
@@ -156,7 +158,7 @@ async fn run(checks: &mut Checks) -> Result<(), Box<dyn std::error::Error>> {
             .balancer(BalancerConfig::default().outlier(outlier))
             .retry(Retry::new(CloneBody))
             .build()
-            .layer(client.clone())
+            .layer(http.clone())
     };
 
     // 3. A checkout in a third cluster: no local endpoints, so both clusters share the load.

@@ -74,10 +74,10 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use mcs_client::connect::Tcp;
 use mcs_client::metrics::{EJECTIONS, RESPONSES, RETRIES};
-use mcs_client::{CloneBody, Mcs, McsLayer, Retry, Served, StaticResolver};
+use mcs_client::{CloneBody, Http, Mcs, McsLayer, Retry, Served, StaticResolver};
 use mcs_core::ClusterId;
 use mcs_core::discovery::{Endpoint, Target};
 use mcs_core::endpoints::{BalancerConfig, Locality, OutlierConfig, Tiering};
@@ -521,7 +521,7 @@ impl Recorder for SoakRecorder {
 // ---------------------------------------------------------------------------------------
 // Load
 
-type Svc = Mcs<Client<HttpConnector, Full<Bytes>>, CloneBody>;
+type Svc = Mcs<Http<Tcp, Full<Bytes>>, CloneBody>;
 
 #[derive(Default)]
 struct WorkerStats {
@@ -1065,8 +1065,7 @@ async fn run_phase(
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(idle);
     }
-    let client: Client<HttpConnector, Full<Bytes>> = builder.build_http();
-    let svc = layer.layer(client);
+    let svc = layer.layer(Http::new(builder));
 
     let errors: ErrorLog = Arc::default();
     let pace = (settings.rate > 0)

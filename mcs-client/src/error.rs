@@ -1,12 +1,19 @@
 //! The errors the layer itself produces.
 //!
-//! Inside the tower stack every error travels as a [`BoxError`](tower::BoxError). Errors of
-//! the wrapped service pass through unchanged; the ones the layer makes are [`Error`]s,
-//! which callers get back with `err.downcast_ref::<mcs_client::Error>()`.
+//! Inside the tower stack every error travels as a [`BoxError`](tower::BoxError). The
+//! layer's own errors are [`Error`]s (`err.downcast_ref::<mcs_client::Error>()`); a failure
+//! of an endpoint's service comes back as an [`EndpointError`] naming the endpoint and its
+//! cluster, with the service's error as its source; errors of the pass-through service are
+//! returned unchanged.
 
+use std::error::Error as StdError;
+use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use tower::BoxError;
+
+use mcs_core::ClusterId;
 use mcs_core::name::NameError;
 
 /// An error made by the [`Mcs`](crate::Mcs) service. Every variant names the service (as
@@ -72,6 +79,15 @@ pub enum Error {
         /// The service and port.
         service: String,
     },
+    /// The host is outside the ClusterSet zone and the endpoint factory has no pass-through
+    /// service (see [`MakeEndpoint::make_passthrough`](crate::connect::MakeEndpoint)).
+    #[error(
+        "host {host:?} is outside the ClusterSet zone and no pass-through service is configured"
+    )]
+    NoPassthrough {
+        /// The host as the request named it.
+        host: String,
+    },
 }
 
 impl Error {
@@ -84,6 +100,74 @@ impl Error {
             | Self::NoEndpoints { service, .. }
             | Self::Timeout { service, .. }
             | Self::NoRuntime { service } => service,
+            Self::NoPassthrough { host } => host,
         }
+    }
+}
+
+/// A request to one endpoint failed: its service returned an error (no connection, a TLS
+/// handshake refused, the connection closed, ...). The source is that error.
+#[derive(Debug)]
+pub struct EndpointError {
+    service: String,
+    endpoint: SocketAddr,
+    cluster: ClusterId,
+    source: BoxError,
+}
+
+impl EndpointError {
+    pub(crate) fn new(
+        service: String,
+        endpoint: SocketAddr,
+        cluster: ClusterId,
+        source: BoxError,
+    ) -> Self {
+        Self {
+            service,
+            endpoint,
+            cluster,
+            source,
+        }
+    }
+
+    /// The service and port (`<namespace>/<name>:<port>`).
+    pub fn service(&self) -> &str {
+        &self.service
+    }
+
+    /// The endpoint the request went to.
+    pub fn endpoint(&self) -> SocketAddr {
+        self.endpoint
+    }
+
+    /// The endpoint's cluster.
+    pub fn cluster(&self) -> &ClusterId {
+        &self.cluster
+    }
+
+    /// The endpoint service's error.
+    pub fn inner(&self) -> &(dyn StdError + Send + Sync + 'static) {
+        &*self.source
+    }
+
+    /// The endpoint service's error, owned.
+    pub fn into_inner(self) -> BoxError {
+        self.source
+    }
+}
+
+impl fmt::Display for EndpointError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "request to {} failed at endpoint {} in cluster {}",
+            self.service, self.endpoint, self.cluster
+        )
+    }
+}
+
+impl StdError for EndpointError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        Some(&*self.source)
     }
 }

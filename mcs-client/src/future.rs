@@ -19,7 +19,7 @@ use mcs_core::discovery::Endpoint;
 use mcs_core::endpoints::{Outcome, Picked};
 
 use crate::classify::{Classify, FailureKind};
-use crate::error::Error;
+use crate::error::{EndpointError, Error};
 use crate::target::{EndpointMeta, TargetShared, now};
 
 /// Which endpoint served a balanced response: put into the response's extensions.
@@ -162,6 +162,10 @@ impl Attempt {
         &self.meta
     }
 
+    pub(crate) fn target(&self) -> &TargetShared {
+        &self.target
+    }
+
     pub(crate) fn addr(&self) -> SocketAddr {
         self.meta.endpoint.addr
     }
@@ -181,7 +185,8 @@ impl Attempt {
     }
 
     /// Records the result. A response is returned with [`Served`] in its extensions; an
-    /// error is returned with its kind so the caller can decide on a retry.
+    /// error is returned as an [`EndpointError`] with its kind, so the caller can decide on
+    /// a retry.
     pub(crate) fn finish<RB>(
         self,
         result: Result<Response<RB>, BoxError>,
@@ -219,7 +224,13 @@ impl Attempt {
                 if self.picked.complete(Outcome::Failure, latency, now) {
                     ejected(&self.meta, &self.target, now);
                 }
-                Err((err, kind))
+                let err = EndpointError::new(
+                    self.target.name.clone(),
+                    self.meta.endpoint.addr,
+                    self.meta.endpoint.cluster.clone(),
+                    err,
+                );
+                Err((err.into(), kind))
             }
         }
     }
@@ -359,7 +370,13 @@ where
                     timer,
                     retry,
                 } => {
-                    let result = match fut.poll(cx) {
+                    let polled = {
+                        // The endpoint service's work (connecting, sending) runs in the
+                        // attempt's span. Cost without a subscriber: one interest check.
+                        let _entered = attempt.as_ref().map(|a| a.span().enter());
+                        fut.poll(cx)
+                    };
+                    let result = match polled {
                         Poll::Ready(result) => result.map_err(Into::into),
                         Poll::Pending => {
                             if let Some(timer) = timer

@@ -6,39 +6,27 @@ use std::time::Duration;
 
 use tower::Layer;
 
-use mcs_core::discovery::Resolve;
+use mcs_core::discovery::{Endpoint, Resolve, Target};
 use mcs_core::endpoints::{BalancerConfig, Locality};
 use mcs_core::name::Zone;
 
 use crate::classify::Classify;
+use crate::connect::MakeEndpoint;
 use crate::retry::{Budget, NoRetry, Retry};
 use crate::service::Mcs;
+use crate::shared::{RetrySettings, Shared};
 use crate::target::{Registry, RegistryConfig, now};
 
 /// A tower layer that balances requests to ClusterSet services; see the [crate docs](crate).
 ///
+/// It wraps an endpoint factory ([`MakeEndpoint`], for example
+/// [`Http`](crate::connect::Http)): `layer.layer(factory)` is an [`Mcs`] service.
 /// Every service made by one layer shares its discovery (one background task per service
-/// and port), its endpoint state and its retry budget.
+/// and port), its endpoint state and its retry budget; each has its own endpoint services.
 #[derive(Clone)]
 pub struct McsLayer<R = NoRetry> {
-    pub(crate) shared: Arc<Shared>,
-    pub(crate) replay: Option<R>,
-}
-
-/// Settings and state shared by every service of one layer.
-pub(crate) struct Shared {
-    pub(crate) registry: Arc<Registry>,
-    pub(crate) resolution_timeout: Duration,
-    pub(crate) fail_fast: Duration,
-    pub(crate) request_timeout: Option<Duration>,
-    pub(crate) classify: Classify,
-    pub(crate) retry: Option<RetrySettings>,
-}
-
-pub(crate) struct RetrySettings {
-    pub(crate) max_retries: u32,
-    pub(crate) idempotent_on_close: bool,
-    pub(crate) budget: Budget,
+    shared: Arc<Shared>,
+    replay: Option<R>,
 }
 
 impl McsLayer {
@@ -71,13 +59,41 @@ impl<R> McsLayer<R> {
     pub fn active_services(&self) -> usize {
         self.shared.registry.len()
     }
+
+    /// The endpoints the layer balances `target` over now, as discovery last published them
+    /// (in no particular order); `None` when no request has started its discovery yet.
+    pub fn endpoints(&self, target: &Target) -> Option<Vec<Endpoint>> {
+        self.shared.registry.get(target).map(|t| t.endpoints())
+    }
+
+    /// Waits until `target`'s endpoint set, as the balancer has it, satisfies `ready`: for
+    /// example that an endpoint removed from discovery no longer gets new requests. Returns
+    /// `false` at once when no request has started `target`'s discovery.
+    pub async fn wait_for_endpoints(
+        &self,
+        target: &Target,
+        mut ready: impl FnMut(&[Endpoint]) -> bool,
+    ) -> bool {
+        let Some(shared) = self.shared.registry.get(target) else {
+            return false;
+        };
+        let mut changes = shared.subscribe();
+        loop {
+            if ready(&shared.endpoints()) {
+                return true;
+            }
+            if changes.changed().await.is_err() {
+                return false;
+            }
+        }
+    }
 }
 
-impl<S, R: Clone> Layer<S> for McsLayer<R> {
-    type Service = Mcs<S, R>;
+impl<M: MakeEndpoint, R: Clone> Layer<M> for McsLayer<R> {
+    type Service = Mcs<M, R>;
 
-    fn layer(&self, inner: S) -> Self::Service {
-        Mcs::new(inner, Arc::clone(&self.shared), self.replay.clone())
+    fn layer(&self, make: M) -> Self::Service {
+        Mcs::new(make, Arc::clone(&self.shared), self.replay.clone())
     }
 }
 

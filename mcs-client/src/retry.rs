@@ -11,19 +11,40 @@
 //!
 //! A body is consumed by the first attempt, so a retry needs a copy made before sending:
 //! that is what [`ReplayBody`] does. [`CloneBody`] works for bodies that are `Clone`
-//! (`http_body_util::Full<Bytes>`, `Empty<Bytes>`, `String`); streaming bodies (such as
-//! tonic's) cannot be replayed and are not retried. Copying the request's head (method, URI,
-//! headers, extensions) costs one header-map clone per request while retries are on.
+//! (`http_body_util::Full<Bytes>`, `Empty<Bytes>`, `String`); [`BufferBody`] for bodies
+//! complete in memory when sent, such as unary gRPC requests; streaming bodies are not
+//! retried. Copying the request's head (method, URI, headers, extensions) costs one
+//! header-map clone per request while retries are on.
 
+use std::collections::VecDeque;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-/// Makes the body of a retried request.
-pub trait ReplayBody<B>: Clone + Send + Sync + 'static {
-    /// A copy of `body` to send again, or `None` if it cannot be replayed.
-    fn replay(&self, body: &B) -> Option<B>;
+use bytes::{Buf, Bytes, BytesMut};
+use http::HeaderMap;
+use http_body::{Body, Frame, SizeHint};
+use tower::BoxError;
 
-    /// Whether this policy ever replays (lets the layer skip copying when it does not).
+/// How a retried request gets its body again.
+///
+/// A body is consumed by the first attempt, so a retry needs a copy made before sending.
+/// [`prepare`](ReplayBody::prepare) runs once per request before the first attempt (without
+/// waiting: it may read only what the body has ready) and keeps what copies are made from;
+/// [`copy`](ReplayBody::copy) makes one per retry.
+pub trait ReplayBody<B>: Clone + Send + Sync + 'static {
+    /// What a request keeps to make copies of its body.
+    type Copies: Send + 'static;
+
+    /// The body for the first attempt, and what copies are made from if the body can be
+    /// replayed (`None`: the request is not retried).
+    fn prepare(&self, body: B) -> (B, Option<Self::Copies>);
+
+    /// A copy of the body for a retry.
+    fn copy(&self, copies: &Self::Copies) -> B;
+
+    /// Whether this policy ever replays (lets the layer skip preparing when it does not).
     fn enabled(&self) -> bool {
         true
     }
@@ -34,8 +55,15 @@ pub trait ReplayBody<B>: Clone + Send + Sync + 'static {
 pub struct NoRetry;
 
 impl<B> ReplayBody<B> for NoRetry {
-    fn replay(&self, _body: &B) -> Option<B> {
-        None
+    type Copies = ();
+
+    fn prepare(&self, body: B) -> (B, Option<()>) {
+        (body, None)
+    }
+
+    fn copy(&self, _: &()) -> B {
+        // Unreachable: `prepare` never keeps copies, so no retry asks for one.
+        unreachable!("NoRetry never replays a body")
     }
 
     fn enabled(&self) -> bool {
@@ -43,13 +71,221 @@ impl<B> ReplayBody<B> for NoRetry {
     }
 }
 
-/// Replays bodies that are `Clone`.
+/// Replays bodies that are `Clone` (`http_body_util::Full<Bytes>`, `Empty<Bytes>`,
+/// `String`): one clone per request, one per retry.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CloneBody;
 
-impl<B: Clone> ReplayBody<B> for CloneBody {
-    fn replay(&self, body: &B) -> Option<B> {
-        Some(body.clone())
+impl<B: Clone + Send + 'static> ReplayBody<B> for CloneBody {
+    type Copies = B;
+
+    fn prepare(&self, body: B) -> (B, Option<B>) {
+        (body.clone(), Some(body))
+    }
+
+    fn copy(&self, copies: &B) -> B {
+        copies.clone()
+    }
+}
+
+/// Replays bodies that are complete in memory when the request is sent, up to a size:
+/// unary gRPC requests (tonic's body holds the one encoded message), or any body whose
+/// frames are all ready at once. The frames are read without waiting; a body that is
+/// larger than the limit or not complete yet (a streaming call) is sent as it is, with
+/// what was read put back in front, and not retried.
+///
+/// `rebuild` turns a [`Replay`] back into the body type, e.g. `tonic::body::Body::new` for
+/// tonic clients:
+///
+/// ```no_run
+/// # fn f() -> Result<(), Box<dyn std::error::Error>> {
+/// use mcs_client::{BufferBody, McsLayer, Replay, Retry, StaticResolver};
+/// use mcs_core::{ClusterId, endpoints::Locality};
+///
+/// let replay = BufferBody::new(64 * 1024, |body: Replay<tonic::body::Body>| {
+///     tonic::body::Body::new(body)
+/// });
+/// let layer = McsLayer::builder(StaticResolver::new(), Locality::cluster(ClusterId::new("north")?))
+///     .retry(Retry::new(replay))
+///     .build();
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct BufferBody<F> {
+    limit: usize,
+    rebuild: F,
+}
+
+impl<F> BufferBody<F> {
+    /// Buffers bodies of up to `limit` bytes, rebuilt with `rebuild`.
+    pub fn new(limit: usize, rebuild: F) -> Self {
+        Self { limit, rebuild }
+    }
+}
+
+impl<B, F> ReplayBody<B> for BufferBody<F>
+where
+    B: Body + Unpin + Send + 'static,
+    B::Error: Into<BoxError>,
+    F: Fn(Replay<B>) -> B + Clone + Send + Sync + 'static,
+{
+    type Copies = (Bytes, Option<HeaderMap>);
+
+    fn prepare(&self, mut body: B) -> (B, Option<Self::Copies>) {
+        if body.is_end_stream() {
+            return (
+                (self.rebuild)(Replay::full(Bytes::new(), None)),
+                Some((Bytes::new(), None)),
+            );
+        }
+        if body.size_hint().lower() > self.limit as u64 {
+            return (body, None);
+        }
+        // Read what is ready now; never wait (a streaming body may wait on its caller).
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut data = BytesMut::new();
+        let mut trailers = None;
+        let mut frames = VecDeque::new();
+        loop {
+            match Pin::new(&mut body).poll_frame(&mut cx) {
+                Poll::Ready(None) => {
+                    let data = data.freeze();
+                    let replay = Replay::full(data.clone(), trailers.clone());
+                    return ((self.rebuild)(replay), Some((data, trailers)));
+                }
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(mut chunk) => {
+                        let chunk = chunk.copy_to_bytes(chunk.remaining());
+                        data.extend_from_slice(&chunk);
+                        frames.push_back(Frame::data(chunk));
+                        if data.len() > self.limit {
+                            break;
+                        }
+                    }
+                    Err(frame) => {
+                        if let Ok(t) = frame.into_trailers() {
+                            trailers = Some(t.clone());
+                            frames.push_back(Frame::trailers(t));
+                        }
+                    }
+                },
+                Poll::Ready(Some(Err(e))) => {
+                    // The error is the body's to report: send what was read, then it.
+                    return ((self.rebuild)(Replay::failed(frames, e.into())), None);
+                }
+                Poll::Pending => break,
+            }
+        }
+        ((self.rebuild)(Replay::partial(frames, body)), None)
+    }
+
+    fn copy(&self, copies: &Self::Copies) -> B {
+        (self.rebuild)(Replay::full(copies.0.clone(), copies.1.clone()))
+    }
+}
+
+/// The body [`BufferBody`] sends: frames read into memory, then (when the body was not
+/// complete) the rest of the original body.
+#[derive(Debug)]
+pub struct Replay<B> {
+    frames: VecDeque<Frame<Bytes>>,
+    rest: Rest<B>,
+}
+
+#[derive(Debug)]
+enum Rest<B> {
+    None,
+    Body(B),
+    Failed(Option<BoxError>),
+}
+
+impl<B> Replay<B> {
+    fn full(data: Bytes, trailers: Option<HeaderMap>) -> Self {
+        let mut frames = VecDeque::with_capacity(2);
+        if !data.is_empty() {
+            frames.push_back(Frame::data(data));
+        }
+        if let Some(t) = trailers {
+            frames.push_back(Frame::trailers(t));
+        }
+        Self {
+            frames,
+            rest: Rest::None,
+        }
+    }
+
+    fn partial(frames: VecDeque<Frame<Bytes>>, rest: B) -> Self {
+        Self {
+            frames,
+            rest: Rest::Body(rest),
+        }
+    }
+
+    fn failed(frames: VecDeque<Frame<Bytes>>, error: BoxError) -> Self {
+        Self {
+            frames,
+            rest: Rest::Failed(Some(error)),
+        }
+    }
+}
+
+impl<B> Body for Replay<B>
+where
+    B: Body + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if let Some(frame) = this.frames.pop_front() {
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        match &mut this.rest {
+            Rest::None => Poll::Ready(None),
+            Rest::Failed(e) => Poll::Ready(e.take().map(Err)),
+            Rest::Body(body) => match Pin::new(body).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(
+                    frame.map_data(|mut d| d.copy_to_bytes(d.remaining()))
+                ))),
+                Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
+                Poll::Ready(None) => Poll::Ready(None),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.frames.is_empty()
+            && match &self.rest {
+                Rest::None => true,
+                Rest::Failed(e) => e.is_none(),
+                Rest::Body(b) => b.is_end_stream(),
+            }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let buffered: u64 = self
+            .frames
+            .iter()
+            .filter_map(|f| f.data_ref().map(|d| d.len() as u64))
+            .sum();
+        match &self.rest {
+            Rest::Body(b) => {
+                let rest = b.size_hint();
+                let mut hint = SizeHint::new();
+                hint.set_lower(buffered + rest.lower());
+                if let Some(upper) = rest.upper() {
+                    hint.set_upper(buffered + upper);
+                }
+                hint
+            }
+            _ => SizeHint::with_exact(buffered),
+        }
     }
 }
 

@@ -3,12 +3,15 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
 use http::header::HOST;
+use http::request::Parts;
 use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{HeaderValue, Method, Request, Response, Uri, Version};
+use http::{Method, Request, Response, Uri};
+use tower::util::Oneshot;
 use tower::{BoxError, Service, ServiceExt};
 use tracing::trace;
 
@@ -16,79 +19,128 @@ use mcs_core::discovery::Endpoint;
 use mcs_core::endpoints::{PickContext, PickError, Picked};
 
 use crate::classify::FailureKind;
+use crate::connect::{EndpointTarget, MakeEndpoint};
 use crate::error::Error;
 use crate::future::{Attempt, BoxResponseFuture, Pick, ResponseFuture, RetryFn};
-use crate::layer::Shared;
 use crate::retry::ReplayBody;
-use crate::target::{Route, Routing, TargetShared, now};
+use crate::shared::Shared;
+use crate::target::{EndpointMeta, Route, Routing, TargetShared, now};
 
-/// The service made by [`McsLayer`](crate::McsLayer): balances requests to ClusterSet
-/// services over the wrapped service `S`, and passes every other request through.
+/// The service made by [`McsLayer`](crate::McsLayer) over an endpoint factory `M`: balances
+/// requests to ClusterSet services over per-endpoint services, and sends every other
+/// request to the factory's pass-through service.
 ///
-/// `Mcs` is `Clone` (clones share discovery and endpoint state) and needs no `Buffer`.
-/// `poll_ready` is the inner service's. A request whose service already has an endpoint
-/// set is picked, rewritten and handed to the inner service inside `call`; only the first
-/// request to a service (waiting for its first resolution) and requests to a service that
-/// has just lost all endpoints wait, up to the configured limits.
-pub struct Mcs<S, R = crate::NoRetry> {
-    inner: S,
+/// A balanced request keeps its URI, `Host` and `:authority`: it is sent unchanged on the
+/// picked endpoint's own service (made by `M` the first time, one connection pool per
+/// endpoint), so TLS verifies the service's name and HTTP/2 carries it as `:authority`.
+///
+/// `Mcs` is `Clone` (clones share discovery, endpoint state and endpoint services) and needs
+/// no `Buffer`; `poll_ready` is always ready, and an endpoint service's own readiness is
+/// awaited in the response future. A request whose service already has an endpoint set is
+/// picked inside `call`; only the first request to a service (waiting for its first
+/// resolution) and requests to a service that has just lost all endpoints wait, up to the
+/// configured limits.
+pub struct Mcs<M: MakeEndpoint, R = crate::NoRetry> {
+    endpoints: Arc<Endpoints<M>>,
     shared: Arc<Shared>,
     replay: Option<R>,
 }
 
-impl<S, R> Mcs<S, R> {
-    pub(crate) fn new(inner: S, shared: Arc<Shared>, replay: Option<R>) -> Self {
+impl<M: MakeEndpoint, R> Mcs<M, R> {
+    pub(crate) fn new(make: M, shared: Arc<Shared>, replay: Option<R>) -> Self {
+        static OWNERS: AtomicU64 = AtomicU64::new(1);
+        let passthrough = make.make_passthrough();
         Self {
-            inner,
+            endpoints: Arc::new(Endpoints {
+                owner: OWNERS.fetch_add(1, Ordering::Relaxed),
+                passthrough,
+                make,
+            }),
             shared,
             replay,
         }
     }
 
-    /// The wrapped service.
-    pub fn inner(&self) -> &S {
-        &self.inner
+    /// The endpoint factory.
+    pub fn make_endpoint(&self) -> &M {
+        &self.endpoints.make
     }
 }
 
-impl<S: Clone, R: Clone> Clone for Mcs<S, R> {
+impl<M: MakeEndpoint, R: Clone> Clone for Mcs<M, R> {
     fn clone(&self) -> Self {
         Self {
-            inner: self.inner.clone(),
+            endpoints: Arc::clone(&self.endpoints),
             shared: Arc::clone(&self.shared),
             replay: self.replay.clone(),
         }
     }
 }
 
-impl<S: fmt::Debug, R> fmt::Debug for Mcs<S, R> {
+impl<M: MakeEndpoint + fmt::Debug, R> fmt::Debug for Mcs<M, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Mcs")
-            .field("inner", &self.inner)
+            .field("make", &self.endpoints.make)
             .finish_non_exhaustive()
     }
 }
 
-impl<S, B, R, RB> Service<Request<B>> for Mcs<S, R>
+/// The endpoint factory of one [`Mcs`] and what it made once.
+struct Endpoints<M: MakeEndpoint> {
+    make: M,
+    /// Tells this `Mcs`'s services apart from those of other `Mcs` of the same layer in
+    /// each endpoint's [`Conns`](crate::connect::Conns).
+    owner: u64,
+    passthrough: Option<M::Service>,
+}
+
+impl<M: MakeEndpoint> Endpoints<M> {
+    /// The service of the endpoint `meta` describes, made the first time.
+    ///
+    /// Cost after the first time: one atomic load, a type check and the service's clone.
+    fn service(&self, target: &TargetShared, meta: &EndpointMeta) -> M::Service {
+        meta.conns.get_or_make(self.owner, || {
+            trace!(service = %target.name, endpoint = %meta.endpoint.addr, "new endpoint service");
+            self.make.make_endpoint(&EndpointTarget::new(
+                meta.endpoint.clone(),
+                target.target.clone(),
+                Arc::clone(&target.host),
+            ))
+        })
+    }
+}
+
+/// The future of an endpoint service's response.
+type EndpointFuture<M, B> = Oneshot<<M as MakeEndpoint>::Service, Request<B>>;
+
+impl<M, B, R, RB> Service<Request<B>> for Mcs<M, R>
 where
-    S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
-    S::Error: Into<BoxError>,
-    S::Future: Send + 'static,
+    M: MakeEndpoint,
+    M::Service: Service<Request<B>, Response = Response<RB>>,
+    <M::Service as Service<Request<B>>>::Error: Into<BoxError>,
+    <M::Service as Service<Request<B>>>::Future: Send + 'static,
     B: Send + 'static,
     RB: Send + 'static,
     R: ReplayBody<B>,
 {
     type Response = Response<RB>;
     type Error = BoxError;
-    type Future = ResponseFuture<S::Future, RB>;
+    type Future = ResponseFuture<EndpointFuture<M, B>, RB>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let route = match route(&self.shared, &req) {
-            Routing::Passthrough => return ResponseFuture::passthrough(self.inner.call(req)),
+            Routing::Passthrough => {
+                return match &self.endpoints.passthrough {
+                    Some(svc) => ResponseFuture::passthrough(svc.clone().oneshot(req)),
+                    None => ResponseFuture::failed(Error::NoPassthrough {
+                        host: host_of(&req).unwrap_or_default().to_owned(),
+                    }),
+                };
+            }
             Routing::Invalid(err) => return ResponseFuture::failed(err),
             Routing::Target(route) => route,
         };
@@ -102,7 +154,7 @@ where
             Ok(picked) => {
                 route.target.picked();
                 dispatch(
-                    &mut self.inner,
+                    &self.endpoints,
                     &self.shared,
                     self.replay.as_ref(),
                     &route,
@@ -115,16 +167,15 @@ where
                 service: route.target.name.clone(),
             }),
             Err(_) => {
-                // Not resolved yet, or no endpoints: wait (bounded) on the ready service.
-                let mut svc = self.inner.clone();
-                std::mem::swap(&mut svc, &mut self.inner);
+                // Not resolved yet, or no endpoints: wait (bounded) for a pick.
+                let endpoints = Arc::clone(&self.endpoints);
                 let shared = Arc::clone(&self.shared);
                 let replay = self.replay.clone();
                 ResponseFuture::boxed(Box::pin(async move {
                     let picked = wait_for_pick(&shared, &route.target, now).await?;
                     route.target.picked();
                     dispatch(
-                        &mut svc,
+                        &endpoints,
                         &shared,
                         replay.as_ref(),
                         &route,
@@ -141,19 +192,20 @@ where
 
 /// Finds the target of a request from its URI authority, or its `Host` header.
 fn route<B>(shared: &Shared, req: &Request<B>) -> Routing {
-    let authority = match req.uri().authority() {
-        Some(authority) => authority.as_str(),
-        None => match req.headers().get(HOST).and_then(|h| h.to_str().ok()) {
-            Some(host) => host,
-            None => return Routing::Passthrough,
-        },
-    };
-    match host_port(authority) {
+    match host_of(req).and_then(host_port) {
         Some((host, port)) => {
             let port = port.unwrap_or_else(|| default_port(req.uri().scheme()));
-            shared.registry.route(host, port, authority)
+            shared.registry.route(host, port)
         }
         None => Routing::Passthrough,
+    }
+}
+
+/// The request's authority: the URI's, or else its `Host` header.
+fn host_of<B>(req: &Request<B>) -> Option<&str> {
+    match req.uri().authority() {
+        Some(authority) => Some(authority.as_str()),
+        None => req.headers().get(HOST).and_then(|h| h.to_str().ok()),
     }
 }
 
@@ -230,20 +282,21 @@ async fn wait_for_pick(
     }
 }
 
-/// Rewrites the request to the picked endpoint and sends it on `svc` (which must be ready).
-fn dispatch<S, B, R, RB>(
-    svc: &mut S,
+/// Sends the request to the picked endpoint's service, with retries if they are on.
+fn dispatch<M, B, R, RB>(
+    endpoints: &Arc<Endpoints<M>>,
     shared: &Arc<Shared>,
     replay: Option<&R>,
     route: &Route,
     mut req: Request<B>,
     picked: Picked,
     now: Instant,
-) -> ResponseFuture<S::Future, RB>
+) -> ResponseFuture<EndpointFuture<M, B>, RB>
 where
-    S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
-    S::Error: Into<BoxError>,
-    S::Future: Send + 'static,
+    M: MakeEndpoint,
+    M::Service: Service<Request<B>, Response = Response<RB>>,
+    <M::Service as Service<Request<B>>>::Error: Into<BoxError>,
+    <M::Service as Service<Request<B>>>::Future: Send + 'static,
     B: Send + 'static,
     RB: Send + 'static,
     R: ReplayBody<B>,
@@ -256,104 +309,85 @@ where
         shared.classify,
         shared.request_timeout,
     );
+    if let Err(err) = absolute_form(&mut req) {
+        return ResponseFuture::failed(err);
+    }
     let retry = match (&shared.retry, replay) {
         (Some(settings), Some(replay)) if settings.max_retries > 0 && replay.enabled() => {
             settings.budget.deposit(now);
-            copy_request(&req, replay).map(|copy| {
+            let (head, body) = req.into_parts();
+            let (body, copies) = replay.prepare(body);
+            let retry = copies.map(|copies| {
                 retry_fn(RetryState {
-                    svc: svc.clone(),
+                    endpoints: Arc::clone(endpoints),
                     shared: Arc::clone(shared),
                     replay: replay.clone(),
                     route: route.clone(),
-                    method: req.method().clone(),
-                    next: Some(copy),
+                    head: head.clone(),
+                    copies,
                     tried: vec![attempt.addr()],
                     tried_tiers: vec![attempt.tier()],
                     retries: 0,
                 })
-            })
+            });
+            req = Request::from_parts(head, body);
+            retry
         }
         _ => None,
     };
-    if let Err(err) = rewrite(
-        &mut req,
-        &attempt.meta().authority,
-        route.host_header.as_ref(),
-    ) {
-        return ResponseFuture::failed(err);
-    }
     trace!(service = %route.target.name, endpoint = %attempt.addr(), "dispatch");
-    let fut = {
-        let _entered = attempt.span().enter();
-        svc.call(req)
-    };
-    ResponseFuture::balanced(fut, attempt, retry)
+    let svc = endpoints.service(&route.target, attempt.meta());
+    ResponseFuture::balanced(svc.oneshot(req), attempt, retry)
 }
 
-/// Points the request at `authority`, keeping the original host in `Host` (HTTP/1).
-///
-/// For HTTP/2 no `Host` is added: RFC 9113 section 8.3.1 forbids a `Host` that differs from
-/// `:authority`, and hyper derives `:authority` from the URI, so HTTP/2 requests carry the
-/// endpoint address there.
-fn rewrite<B>(
-    req: &mut Request<B>,
-    authority: &Authority,
-    host: Option<&HeaderValue>,
-) -> Result<(), BoxError> {
+/// Makes a relative-form request (path only, host in `Host`) absolute, as HTTP clients
+/// need; the scheme is `http`. Absolute requests are left as they are.
+fn absolute_form<B>(req: &mut Request<B>) -> Result<(), BoxError> {
+    if req.uri().authority().is_some() {
+        return Ok(());
+    }
+    let Some(host) = req.headers().get(HOST) else {
+        return Ok(());
+    };
+    let authority = Authority::try_from(host.as_bytes())?;
     let mut parts = std::mem::take(req.uri_mut()).into_parts();
-    parts.authority = Some(authority.clone());
-    if parts.scheme.is_none() {
-        parts.scheme = Some(Scheme::HTTP);
-    }
-    if parts.path_and_query.is_none() {
-        parts.path_and_query = Some(PathAndQuery::from_static("/"));
-    }
+    parts.authority = Some(authority);
+    parts.scheme.get_or_insert(Scheme::HTTP);
+    parts
+        .path_and_query
+        .get_or_insert(PathAndQuery::from_static("/"));
     *req.uri_mut() = Uri::from_parts(parts)?;
-    if req.version() != Version::HTTP_2
-        && let Some(host) = host
-    {
-        req.headers_mut()
-            .entry(HOST)
-            .or_insert_with(|| host.clone());
-    }
     Ok(())
 }
 
-/// A copy of the request (before rewriting) for a retry, if its body can be replayed.
-fn copy_request<B, R: ReplayBody<B>>(req: &Request<B>, replay: &R) -> Option<Request<B>> {
-    let body = replay.replay(req.body())?;
-    let mut copy = Request::new(body);
-    *copy.method_mut() = req.method().clone();
-    *copy.uri_mut() = req.uri().clone();
-    *copy.version_mut() = req.version();
-    *copy.headers_mut() = req.headers().clone();
-    *copy.extensions_mut() = req.extensions().clone();
-    Some(copy)
-}
-
-struct RetryState<S, B, R> {
-    svc: S,
+struct RetryState<M: MakeEndpoint, B, R: ReplayBody<B>> {
+    endpoints: Arc<Endpoints<M>>,
     shared: Arc<Shared>,
     replay: R,
     route: Route,
-    method: Method,
-    /// The request for the next attempt, if another is allowed and the body replays.
-    next: Option<Request<B>>,
+    /// The request's head, for every retry.
+    head: Parts,
+    /// What the body of every retry is copied from.
+    copies: R::Copies,
     tried: Vec<SocketAddr>,
     tried_tiers: Vec<usize>,
     retries: u32,
 }
 
-impl<S, B, R> RetryState<S, B, R> {
+impl<M: MakeEndpoint, B, R: ReplayBody<B>> RetryState<M, B, R> {
+    fn method(&self) -> &Method {
+        &self.head.method
+    }
+
     /// The endpoint for the next attempt after a failure of this kind, if a retry is allowed:
     /// the failure is retryable, the request may be retried again, an untried endpoint
     /// exists, and the budget has a retry (taken only then).
     fn next_attempt(&self, kind: FailureKind) -> Option<Pick> {
         let settings = self.shared.retry.as_ref()?;
-        if self.next.is_none() || self.retries >= settings.max_retries {
+        if self.retries >= settings.max_retries {
             return None;
         }
-        if !kind.retryable(&self.method, settings.idempotent_on_close) {
+        if !kind.retryable(self.method(), settings.idempotent_on_close) {
             return None;
         }
         let now = now();
@@ -378,11 +412,12 @@ impl<S, B, R> RetryState<S, B, R> {
     }
 }
 
-fn retry_fn<S, B, R, RB>(state: RetryState<S, B, R>) -> RetryFn<RB>
+fn retry_fn<M, B, R, RB>(state: RetryState<M, B, R>) -> RetryFn<RB>
 where
-    S: Service<Request<B>, Response = Response<RB>> + Send + 'static,
-    S::Error: Into<BoxError>,
-    S::Future: Send + 'static,
+    M: MakeEndpoint,
+    M::Service: Service<Request<B>, Response = Response<RB>>,
+    <M::Service as Service<Request<B>>>::Error: Into<BoxError>,
+    <M::Service as Service<Request<B>>>::Future: Send + 'static,
     B: Send + 'static,
     RB: Send + 'static,
     R: ReplayBody<B>,
@@ -398,26 +433,21 @@ where
 
 /// Sends the request again, to `picked` and then to further untried endpoints, while
 /// failures stay retryable and the budget allows.
-async fn retry_loop<S, B, R, RB>(
-    mut state: RetryState<S, B, R>,
+async fn retry_loop<M, B, R, RB>(
+    mut state: RetryState<M, B, R>,
     mut picked: Pick,
 ) -> Result<Response<RB>, BoxError>
 where
-    S: Service<Request<B>, Response = Response<RB>>,
-    S::Error: Into<BoxError>,
+    M: MakeEndpoint,
+    M::Service: Service<Request<B>, Response = Response<RB>>,
+    <M::Service as Service<Request<B>>>::Error: Into<BoxError>,
     R: ReplayBody<B>,
 {
     loop {
         state.retries += 1;
-        let Some(mut req) = state.next.take() else {
-            return Err("retry without a request copy".into());
-        };
         let target = &state.route.target;
         target.metrics.retries_sent.increment(1);
-        let max = state.shared.retry.as_ref().map_or(0, |s| s.max_retries);
-        if state.retries < max {
-            state.next = copy_request(&req, &state.replay);
-        }
+        let req = Request::from_parts(state.head.clone(), state.replay.copy(&state.copies));
         let attempt = Attempt::new(
             picked,
             Arc::clone(target),
@@ -428,17 +458,8 @@ where
         );
         state.tried.push(attempt.addr());
         state.tried_tiers.push(attempt.tier());
-        rewrite(
-            &mut req,
-            &attempt.meta().authority,
-            state.route.host_header.as_ref(),
-        )?;
-        let svc = state.svc.ready().await.map_err(Into::into)?;
-        let fut = {
-            let _entered = attempt.span().enter();
-            svc.call(req)
-        };
-        let fut = tracing::Instrument::instrument(fut, attempt.span().clone());
+        let svc = state.endpoints.service(attempt.target(), attempt.meta());
+        let fut = tracing::Instrument::instrument(svc.oneshot(req), attempt.span().clone());
         let result = match state.shared.request_timeout {
             Some(t) => match tokio::time::timeout(t, fut).await {
                 Ok(result) => result.map_err(Into::into),

@@ -10,8 +10,6 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use http::HeaderValue;
-use http::uri::Authority;
 use metrics::Counter;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
@@ -21,6 +19,7 @@ use mcs_core::discovery::{Endpoint, EndpointTable, Resolution, Resolve, Target, 
 use mcs_core::endpoints::{Balancer, BalancerConfig, Locality};
 use mcs_core::name::{McsName, Zone};
 
+use crate::connect::Conns;
 use crate::error::Error;
 use crate::metrics::{EndpointGauges, TargetMetrics};
 
@@ -34,30 +33,25 @@ const RESUBSCRIBE_MAX: Duration = Duration::from_secs(30);
 #[derive(Debug)]
 pub(crate) struct EndpointMeta {
     pub(crate) endpoint: Endpoint,
-    pub(crate) authority: Authority,
     pub(crate) success: Counter,
     pub(crate) failure: Counter,
     pub(crate) ejections: Counter,
+    /// The endpoint's services (its connections), kept by address across changes of the
+    /// endpoint's other fields (readiness, zone) so those do not drop connections.
+    pub(crate) conns: Arc<Conns>,
 }
 
 impl EndpointMeta {
-    fn new(endpoint: Endpoint, metrics: &TargetMetrics) -> Self {
+    fn new(endpoint: Endpoint, metrics: &TargetMetrics, conns: Option<&Arc<Conns>>) -> Self {
         let (success, failure, ejections) = metrics.outcomes(&endpoint);
         Self {
-            authority: authority_of(endpoint.addr),
             endpoint,
             success,
             failure,
             ejections,
+            conns: conns.cloned().unwrap_or_default(),
         }
     }
-}
-
-/// `ip:port` (or `[ip]:port`) as a URI authority.
-pub(crate) fn authority_of(addr: SocketAddr) -> Authority {
-    // A formatted SocketAddr is always a valid authority.
-    Authority::try_from(addr.to_string())
-        .unwrap_or_else(|_| Authority::from_static("invalid.invalid"))
 }
 
 /// Endpoint metadata by address. Keys come from discovery, not from requests, so a fast
@@ -108,6 +102,8 @@ pub(crate) struct TargetShared {
     pub(crate) target: Target,
     /// `<namespace>/<name>:<port>`, for errors and logs.
     pub(crate) name: String,
+    /// The ClusterSet name, `<service>.<namespace>.svc.<zone>`: what TLS verifies by default.
+    pub(crate) host: Arc<str>,
     pub(crate) balancer: Balancer,
     pub(crate) metrics: TargetMetrics,
     endpoints: ArcSwap<MetaMap>,
@@ -123,10 +119,18 @@ pub(crate) struct TargetShared {
 }
 
 impl TargetShared {
-    fn new(target: Target, locality: Locality, config: BalancerConfig, base: Instant) -> Self {
+    fn new(
+        target: Target,
+        zone: &Zone,
+        locality: Locality,
+        config: BalancerConfig,
+        base: Instant,
+    ) -> Self {
         let metrics = TargetMetrics::new(&target);
+        let fqdn = target.service.to_fqdn(zone);
         Self {
             name: target.to_string(),
+            host: Arc::from(fqdn.trim_end_matches('.')),
             balancer: Balancer::new(locality, config, base),
             metrics,
             endpoints: ArcSwap::default(),
@@ -143,9 +147,14 @@ impl TargetShared {
     /// The endpoint metadata for `addr`, made on the spot if discovery has not published it.
     pub(crate) fn meta(&self, addr: SocketAddr, endpoint: &Endpoint) -> Arc<EndpointMeta> {
         // Cost: one hash lookup in a lock-free snapshot.
-        match self.endpoints.load().get(&addr) {
+        let metas = self.endpoints.load();
+        match metas.get(&addr) {
             Some(meta) if meta.endpoint == *endpoint => Arc::clone(meta),
-            _ => Arc::new(EndpointMeta::new(endpoint.clone(), &self.metrics)),
+            other => Arc::new(EndpointMeta::new(
+                endpoint.clone(),
+                &self.metrics,
+                other.map(|m| &m.conns),
+            )),
         }
     }
 
@@ -186,6 +195,15 @@ impl TargetShared {
         self.base + Duration::from_nanos(since - 1)
     }
 
+    /// The endpoints discovery last published, in no particular order.
+    pub(crate) fn endpoints(&self) -> Vec<Endpoint> {
+        self.endpoints
+            .load()
+            .values()
+            .map(|m| m.endpoint.clone())
+            .collect()
+    }
+
     /// Subscribes to changes (any update or error from discovery).
     pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
         self.changed.subscribe()
@@ -212,13 +230,30 @@ impl TargetShared {
         for ep in table.endpoints() {
             let meta = match old.get(&ep.addr) {
                 Some(m) if m.endpoint == *ep => Arc::clone(m),
-                _ => Arc::new(EndpointMeta::new(ep.clone(), &self.metrics)),
+                other => Arc::new(EndpointMeta::new(
+                    ep.clone(),
+                    &self.metrics,
+                    other.map(|m| &m.conns),
+                )),
             };
             metas.insert(ep.addr, meta);
         }
-        // Publish the metadata before the balancer can pick a new endpoint.
-        self.endpoints.store(Arc::new(metas));
-        self.balancer.apply(update);
+        // Publish new endpoints' metadata before the balancer can pick them, and drop
+        // removed ones only after it can no longer pick them: a request finds its
+        // endpoint's services, and `endpoints()` lists no endpoint still being picked.
+        let removed = old.keys().any(|addr| !metas.contains_key(addr));
+        if removed {
+            let mut union = metas.clone();
+            for (addr, meta) in old.iter() {
+                union.entry(*addr).or_insert_with(|| Arc::clone(meta));
+            }
+            self.endpoints.store(Arc::new(union));
+            self.balancer.apply(update);
+            self.endpoints.store(Arc::new(metas));
+        } else {
+            self.endpoints.store(Arc::new(metas));
+            self.balancer.apply(update);
+        }
         let ready = table.endpoints().any(|e| e.ready);
         if ready || table.exists() != Some(true) {
             self.empty_since.store(0, Ordering::Relaxed);
@@ -257,12 +292,11 @@ impl TargetShared {
     }
 }
 
-/// A host the routing table knows: the target and the `Host` header for it.
+/// A host and port the routing table knows, and its target.
 #[derive(Clone, Debug)]
 pub(crate) struct Route {
     pub(crate) port: u16,
     pub(crate) target: Arc<TargetShared>,
-    pub(crate) host_header: Option<HeaderValue>,
 }
 
 type HostMap = HashMap<Box<str>, Vec<Route>>;
@@ -330,7 +364,7 @@ impl Registry {
     ///
     /// Cost on the hot path: a case-insensitive suffix compare, one lock-free snapshot load
     /// and one hash lookup. Parsing and target creation happen once per host and port.
-    pub(crate) fn route(self: &Arc<Self>, host: &str, port: u16, authority: &str) -> Routing {
+    pub(crate) fn route(self: &Arc<Self>, host: &str, port: u16) -> Routing {
         if !self.config.zone.contains(host) {
             return Routing::Passthrough;
         }
@@ -342,10 +376,10 @@ impl Registry {
         {
             return Routing::Target(route.clone());
         }
-        self.add_host(host, port, authority)
+        self.add_host(host, port)
     }
 
-    fn add_host(self: &Arc<Self>, host: &str, port: u16, authority: &str) -> Routing {
+    fn add_host(self: &Arc<Self>, host: &str, port: u16) -> Routing {
         let service = match McsName::parse(host, &self.config.zone) {
             Ok(McsName::Service(service)) => service,
             Ok(other) => {
@@ -362,9 +396,6 @@ impl Registry {
             }
         };
         let target = Target { service, port };
-        // The authority without user information; always a valid header value.
-        let host_and_port = authority.rsplit_once('@').map_or(authority, |(_, hp)| hp);
-        let host_header = HeaderValue::from_str(host_and_port).ok();
         let mut targets = self.targets.lock().unwrap_or_else(|e| e.into_inner());
         let shared = match targets.get(&target) {
             Some(entry) => Arc::clone(&entry.shared),
@@ -376,6 +407,7 @@ impl Registry {
                 };
                 let shared = Arc::new(TargetShared::new(
                     target.clone(),
+                    &self.config.zone,
                     self.config.locality.clone(),
                     self.config.balancer.clone(),
                     self.base,
@@ -406,7 +438,6 @@ impl Registry {
         let route = Route {
             port,
             target: shared,
-            host_header,
         };
         let mut hosts = HostMap::clone(&self.hosts.load());
         let routes = hosts.entry(host.into()).or_default();
@@ -433,6 +464,15 @@ impl Registry {
         self.hosts.store(Arc::new(hosts));
         // Dropping `entry` aborts the task, which is the caller: it returns right after.
         drop(entry);
+    }
+
+    /// The target's shared state, if its discovery runs.
+    pub(crate) fn get(&self, target: &Target) -> Option<Arc<TargetShared>> {
+        self.targets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(target)
+            .map(|entry| Arc::clone(&entry.shared))
     }
 
     /// The number of live targets.

@@ -5,11 +5,13 @@ mod support;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http_body_util::BodyExt;
 use mcs_client::{McsLayer, Served, StaticResolver};
 use mcs_core::endpoints::{BalancerConfig, Locality, OutlierConfig};
+use tokio::sync::watch;
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 use support::*;
@@ -47,9 +49,31 @@ where
         + 'static,
     S::Future: Send,
 {
+    load_reporting(svc, port, n, concurrency, None).await
+}
+
+/// [`load`], counting completed requests into `progress`.
+async fn load_reporting<S>(
+    svc: &S,
+    port: u16,
+    n: usize,
+    concurrency: usize,
+    progress: Option<Arc<watch::Sender<usize>>>,
+) -> (HashMap<SocketAddr, usize>, HashMap<String, usize>)
+where
+    S: Service<
+            http::Request<http_body_util::Full<bytes::Bytes>>,
+            Response = http::Response<hyper::body::Incoming>,
+            Error = tower::BoxError,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
     let mut tasks = tokio::task::JoinSet::new();
     for w in 0..concurrency {
         let svc = svc.clone();
+        let progress = progress.clone();
         let share = n / concurrency + usize::from(w < n % concurrency);
         tasks.spawn(async move {
             let mut seen = Vec::with_capacity(share);
@@ -82,6 +106,9 @@ where
                     "the server sees the original Host"
                 );
                 seen.push((addr, cluster));
+                if let Some(progress) = &progress {
+                    progress.send_modify(|n| *n += 1);
+                }
             }
             seen
         });
@@ -107,7 +134,7 @@ async fn balances_across_clusters_from_a_third_cluster() {
         east.iter().chain(&west).map(TestServer::endpoint),
     );
     let layer = McsLayer::new(resolver, Locality::cluster(cluster("north")));
-    let svc = ServiceBuilder::new().layer(layer).service(http1_client());
+    let svc = ServiceBuilder::new().layer(layer).service(http1());
 
     let (by_addr, by_cluster) = load(&svc, 9443, 600, 8).await;
     assert_eq!(by_cluster.values().sum::<usize>(), 600);
@@ -136,7 +163,7 @@ async fn local_first_then_spill_over_then_back() {
     let layer = McsLayer::builder(resolver, Locality::cluster(cluster("east")))
         .balancer(fast_outliers(Duration::from_secs(2)))
         .build();
-    let svc = ServiceBuilder::new().layer(layer).service(http1_client());
+    let svc = ServiceBuilder::new().layer(layer).service(http1());
 
     // Healthy local cluster: everything stays in east, in the most preferred tier used.
     let (_, by_cluster) = load(&svc, 9443, 300, 4).await;
@@ -191,19 +218,17 @@ async fn local_first_then_spill_over_then_back() {
     assert_eq!(by_cluster.get("east"), Some(&100), "{by_cluster:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn failing_endpoint_is_ejected_and_returns() {
-    let east = servers(10, 3, 4, 0, "east").await;
-    let resolver = StaticResolver::new();
-    resolver.set(&target(9443), east.iter().map(TestServer::endpoint));
-    let layer = McsLayer::builder(resolver, Locality::cluster(cluster("east")))
-        .balancer(fast_outliers(Duration::from_secs(2)))
-        .build();
-    let svc = ServiceBuilder::new().layer(layer).service(http1_client());
-
-    let bad = &east[0];
-    bad.set_status(500);
-    // Drive traffic until the bad endpoint has failed three times in a row.
+/// Drives traffic until `bad` has failed three times in a row (outlier detection ejects it
+/// on the third).
+async fn fail_three_times<S>(svc: &S, bad: &TestServer)
+where
+    S: Service<
+            http::Request<http_body_util::Full<bytes::Bytes>>,
+            Response = http::Response<hyper::body::Incoming>,
+            Error = tower::BoxError,
+        > + Clone,
+{
+    let before = bad.served();
     eventually(
         Duration::from_secs(5),
         "bad endpoint failed 3 times",
@@ -211,27 +236,54 @@ async fn failing_endpoint_is_ejected_and_returns() {
             let svc = svc.clone();
             async move {
                 let _ = svc.oneshot(get(9443, "/accrue")).await.unwrap();
-                bad.served() >= 3
+                bad.served() >= before + 3
             }
         },
     )
     .await;
-    // Ejected: within the ejection time it gets nothing.
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_endpoint_is_ejected() {
+    let east = servers(10, 3, 4, 0, "east").await;
+    let resolver = StaticResolver::new();
+    resolver.set(&target(9443), east.iter().map(TestServer::endpoint));
+    // Ejections outlast the test, so what follows does not depend on how fast it runs.
+    let layer = McsLayer::builder(resolver, Locality::cluster(cluster("east")))
+        .balancer(fast_outliers(Duration::from_secs(300)))
+        .build();
+    let svc = ServiceBuilder::new().layer(layer).service(http1());
+
+    let bad = &east[0];
+    bad.set_status(500);
+    fail_three_times(&svc, bad).await;
+    // Ejected: it gets none of the next requests.
     let before = bad.served();
-    let started = tokio::time::Instant::now();
     let (by_addr, _) = load(&svc, 9443, 150, 3).await;
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "load finished within the ejection"
-    );
     assert_eq!(
         bad.served(),
         before,
         "the ejected endpoint got traffic: {by_addr:?}"
     );
     assert!(!by_addr.contains_key(&bad.addr));
+    assert_eq!(by_addr.values().sum::<usize>(), 150);
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ejected_endpoint_returns_after_its_ejection() {
+    let east = servers(10, 7, 4, 0, "east").await;
+    let resolver = StaticResolver::new();
+    resolver.set(&target(9443), east.iter().map(TestServer::endpoint));
+    let layer = McsLayer::builder(resolver, Locality::cluster(cluster("east")))
+        .balancer(fast_outliers(Duration::from_secs(1)))
+        .build();
+    let svc = ServiceBuilder::new().layer(layer).service(http1());
+
+    let bad = &east[0];
+    bad.set_status(500);
+    fail_three_times(&svc, bad).await;
     // It recovers; after the ejection expires it is picked again.
+    let before = bad.served();
     bad.set_status(200);
     eventually(
         Duration::from_secs(10),
@@ -260,9 +312,7 @@ async fn port_served_by_only_one_cluster() {
     );
     resolver.set(&target(9444), west_admin.iter().map(TestServer::endpoint));
     let layer = McsLayer::new(resolver.clone(), Locality::cluster(cluster("east")));
-    let svc = ServiceBuilder::new()
-        .layer(layer.clone())
-        .service(http1_client());
+    let svc = ServiceBuilder::new().layer(layer.clone()).service(http1());
 
     let (_, main) = load(&svc, 9443, 100, 2).await;
     assert_eq!(main.get("east"), Some(&100), "9443 stays local: {main:?}");
@@ -286,9 +336,7 @@ async fn other_hosts_pass_through_untouched() {
     let plain = TestServer::start(IpAddr::from([127, 30, 5, 1]), 0, "plain").await;
     let resolver = StaticResolver::new();
     let layer = McsLayer::new(resolver.clone(), Locality::cluster(cluster("east")));
-    let svc = ServiceBuilder::new()
-        .layer(layer.clone())
-        .service(http1_client());
+    let svc = ServiceBuilder::new().layer(layer.clone()).service(http1());
 
     let response = svc
         .clone()
@@ -304,7 +352,7 @@ async fn other_hosts_pass_through_untouched() {
     assert_eq!((cluster.as_str(), addr), ("plain", plain.addr));
     assert_eq!(host, plain.addr.to_string());
 
-    // cluster.local names are never rewritten: the inner service sees the URI as given.
+    // cluster.local names are never rewritten: the pass-through service sees the URI as given.
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let record = {
         let seen = std::sync::Arc::clone(&seen);
@@ -315,7 +363,16 @@ async fn other_hosts_pass_through_untouched() {
             async { Ok::<_, std::convert::Infallible>(http::Response::new(String::new())) }
         })
     };
-    let svc = ServiceBuilder::new().layer(layer.clone()).service(record);
+    let svc =
+        ServiceBuilder::new()
+            .layer(layer.clone())
+            .service(mcs_client::connect::with_passthrough(
+                {
+                    let record = record.clone();
+                    move |_: &mcs_client::connect::EndpointTarget| record.clone()
+                },
+                record,
+            ));
     for uri in [
         "http://loyalty-accrual.loyalty.svc.cluster.local:9443/accrue",
         "http://example.com/",
@@ -362,16 +419,19 @@ async fn whole_local_cluster_stops_and_no_request_fails() {
         .balancer(BalancerConfig::default().outlier(outlier))
         .retry(mcs_client::Retry::new(mcs_client::CloneBody))
         .build();
-    let svc = ServiceBuilder::new().layer(layer).service(http1_client());
+    let svc = ServiceBuilder::new().layer(layer).service(http1());
     let (_, by_cluster) = load(&svc, 9443, 200, 8).await;
     assert_eq!(by_cluster.get("east"), Some(&200));
 
     // Load keeps running while every east server stops; discovery is not told.
+    let progress = Arc::new(watch::Sender::new(0usize));
+    let mut started = progress.subscribe();
     let loader = {
         let svc = svc.clone();
-        tokio::spawn(async move { load(&svc, 9443, 3000, 16).await })
+        tokio::spawn(async move { load_reporting(&svc, 9443, 3000, 16, Some(progress)).await })
     };
-    tokio::time::sleep(Duration::from_millis(30)).await;
+    // The load is under way before the first server stops.
+    started.wait_for(|n| *n >= 100).await.unwrap();
     for s in east {
         s.stop().await;
     }

@@ -1,6 +1,7 @@
 //! Endpoint churn under load: a rolling replacement of every server (removed from
-//! discovery, drained, stopped, replaced by a new one on a new address) while concurrent
-//! clients keep calling; no request may fail.
+//! discovery, stopped once the balancer no longer picks it, replaced by a new one on a new
+//! address) while concurrent clients keep calling; no request may fail. Every step waits on
+//! an event (the balancer's endpoint set, a server's request count), never on time.
 
 mod support;
 
@@ -8,13 +9,15 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
-use mcs_client::{McsLayer, Served, StaticResolver};
+use mcs_client::{CloneBody, McsLayer, Retry, Served, StaticResolver};
 use mcs_core::endpoints::Locality;
 use tower::{ServiceBuilder, ServiceExt};
 
 use support::*;
+
+/// Requests every server (original or replacement) serves before the next one is replaced.
+const PER_ROUND: u64 = 50;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rolling_replacement_under_load_fails_no_request() {
@@ -23,8 +26,13 @@ async fn rolling_replacement_under_load_fails_no_request() {
     let resolver = StaticResolver::new();
     let t = target(9443);
     resolver.set(&t, live.iter().map(TestServer::endpoint));
-    let layer = McsLayer::new(resolver.clone(), Locality::cluster(cluster("north")));
-    let svc = ServiceBuilder::new().layer(layer).service(http1_client());
+    // Retries on connect failures, as a production client would have: a request that
+    // picked an endpoint just before its removal reached the balancer may still try it
+    // after the server stopped listening.
+    let layer = McsLayer::builder(resolver.clone(), Locality::cluster(cluster("north")))
+        .retry(Retry::new(CloneBody))
+        .build();
+    let svc = ServiceBuilder::new().layer(layer.clone()).service(http1());
 
     let done = Arc::new(AtomicBool::new(false));
     let mut workers = tokio::task::JoinSet::new();
@@ -52,18 +60,24 @@ async fn rolling_replacement_under_load_fails_no_request() {
     }
 
     // Replace every server, one at a time, as a rolling update would.
+    for server in &live {
+        server.wait_served(PER_ROUND).await;
+    }
     let mut replacements = Vec::new();
     for round in 0..6u8 {
-        tokio::time::sleep(Duration::from_millis(60)).await;
         let old = live.remove(0);
         let (second, cluster_name) = if old.cluster.as_str() == "east" {
             (10, "east")
         } else {
             (20, "west")
         };
-        // 1. Out of discovery (the EndpointSlice drops it) and a drain period.
+        // 1. Out of discovery (the EndpointSlice drops it); wait until the balancer has it.
         resolver.remove(&t, [old.addr]);
-        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert!(
+            layer
+                .wait_for_endpoints(&t, |eps| eps.iter().all(|e| e.addr != old.addr))
+                .await
+        );
         // 2. Stopped: in-flight requests finish, connections close.
         old.stop().await;
         // 3. Its replacement starts and is announced; every other round as a full reset.
@@ -76,8 +90,9 @@ async fn rolling_replacement_under_load_fails_no_request() {
         } else {
             resolver.set(&t, live.iter().map(TestServer::endpoint));
         }
+        // The replacement takes its share of the load before the next server goes.
+        live.last().unwrap().wait_served(PER_ROUND).await;
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
     done.store(true, Ordering::Relaxed);
 
     let mut total: HashMap<_, usize> = HashMap::new();
@@ -87,7 +102,10 @@ async fn rolling_replacement_under_load_fails_no_request() {
         }
     }
     let requests: usize = total.values().sum();
-    assert!(requests >= 1000, "load ran: {requests} requests");
+    assert!(
+        requests >= 12 * PER_ROUND as usize,
+        "load ran: {requests} requests"
+    );
     for addr in &replacements {
         assert!(
             total.get(addr).copied().unwrap_or(0) > 0,

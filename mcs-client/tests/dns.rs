@@ -255,7 +255,7 @@ async fn headless_srv_keeps_clusters_and_follows_ttl_changes() {
 
     // Through the layer: the checkout client in east stays local.
     let layer = McsLayer::new(dns_resolver.clone(), Locality::cluster(cluster("east")));
-    let svc = ServiceBuilder::new().layer(layer).service(http1_client());
+    let svc = ServiceBuilder::new().layer(layer).service(http1());
     for _ in 0..50 {
         let response = svc.clone().oneshot(get(PORT, "/accrue")).await.unwrap();
         let served = response.extensions().get::<Served>().cloned().unwrap();
@@ -392,7 +392,7 @@ async fn clusterset_ip_and_missing_services() {
     }
 
     let layer = McsLayer::new(dns_resolver.clone(), Locality::cluster(cluster("east")));
-    let svc = ServiceBuilder::new().layer(layer).service(http1_client());
+    let svc = ServiceBuilder::new().layer(layer).service(http1());
     let response = svc
         .clone()
         .oneshot(

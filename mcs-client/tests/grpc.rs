@@ -14,7 +14,7 @@ use bytes::{Buf, BufMut};
 use http::uri::PathAndQuery;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use mcs_client::{McsLayer, Served, StaticResolver};
+use mcs_client::{Http, McsLayer, Served, StaticResolver};
 use mcs_core::endpoints::Locality;
 use tokio::sync::oneshot;
 use tonic::Status;
@@ -140,10 +140,12 @@ async fn tonic_client_is_balanced_per_request_over_http2() {
     }
     resolver.set(&target(PORT), endpoints);
 
-    // One HTTP/2 client; the layer picks an endpoint for every call.
-    let http2 = Client::builder(TokioExecutor::new())
-        .http2_only(true)
-        .build_http::<Body>();
+    // HTTP/2 clients per endpoint; the layer picks an endpoint for every call.
+    let http2 = Http::<_, Body>::new(
+        Client::builder(TokioExecutor::new())
+            .http2_only(true)
+            .clone(),
+    );
     let svc = ServiceBuilder::new()
         .layer(McsLayer::new(resolver, Locality::cluster(cluster("north"))))
         .service(http2);
@@ -178,8 +180,8 @@ async fn tonic_client_is_balanced_per_request_over_http2() {
                     parts.next().unwrap().to_owned(),
                 );
                 assert_eq!(served.to_string(), addr);
-                // HTTP/2 carries the endpoint address in :authority (no conflicting Host).
-                assert_eq!(authority, addr);
+                // :authority is the service's name, as the caller wrote it.
+                assert_eq!(authority, format!("{HOST}:{PORT}"));
                 seen.push((c, addr));
             }
             seen

@@ -7,34 +7,66 @@ mod support;
 use std::collections::HashSet;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::{Request, Response, Version};
-use mcs_client::{CloneBody, Error, McsLayer, Retry, Served, StaticResolver};
+use mcs_client::connect::{EndpointTarget, MakeEndpoint};
+use mcs_client::{CloneBody, EndpointError, Error, McsLayer, Retry, Served, StaticResolver};
 use mcs_core::discovery::Endpoint;
 use mcs_core::endpoints::{BalancerConfig, Locality, OutlierConfig, Tiering};
-use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
+use tower::{BoxError, Layer, Service, ServiceBuilder, ServiceExt};
 
 use support::{HOST, cluster, target};
 
-/// What the inner service saw.
+/// What an endpoint service saw.
 #[derive(Clone, Debug)]
 struct Seen {
+    /// The endpoint whose service got the request (`None`: the pass-through service).
+    endpoint: Option<SocketAddr>,
     uri: String,
     host: Option<String>,
+    version: Version,
 }
 
-/// An inner service that records requests and refuses connections to `down` addresses.
+/// An endpoint factory whose services record requests and refuse connections to `down`
+/// endpoints; it counts the services it makes.
 #[derive(Clone, Default)]
 struct Recorder {
     seen: Arc<Mutex<Vec<Seen>>>,
     down: Arc<Mutex<HashSet<SocketAddr>>>,
+    made: Arc<Mutex<Vec<SocketAddr>>>,
 }
 
-impl Service<Request<String>> for Recorder {
+impl MakeEndpoint for Recorder {
+    type Service = Recording;
+
+    fn make_endpoint(&self, target: &EndpointTarget) -> Recording {
+        assert_eq!(target.host(), HOST, "the target names the service");
+        self.made.lock().unwrap().push(target.addr());
+        Recording {
+            endpoint: Some(target.addr()),
+            recorder: self.clone(),
+        }
+    }
+
+    fn make_passthrough(&self) -> Option<Recording> {
+        Some(Recording {
+            endpoint: None,
+            recorder: self.clone(),
+        })
+    }
+}
+
+/// One endpoint's recording service.
+#[derive(Clone)]
+struct Recording {
+    endpoint: Option<SocketAddr>,
+    recorder: Recorder,
+}
+
+impl Service<Request<String>> for Recording {
     type Response = Response<String>;
     type Error = std::io::Error;
     type Future = std::future::Ready<Result<Response<String>, std::io::Error>>;
@@ -44,18 +76,18 @@ impl Service<Request<String>> for Recorder {
     }
 
     fn call(&mut self, req: Request<String>) -> Self::Future {
-        self.seen.lock().unwrap().push(Seen {
+        self.recorder.seen.lock().unwrap().push(Seen {
+            endpoint: self.endpoint,
             uri: req.uri().to_string(),
             host: req
                 .headers()
                 .get("host")
                 .map(|h| h.to_str().unwrap().to_owned()),
+            version: req.version(),
         });
-        let down = req
-            .uri()
-            .authority()
-            .and_then(|a| a.as_str().parse::<SocketAddr>().ok())
-            .is_some_and(|a| self.down.lock().unwrap().contains(&a));
+        let down = self
+            .endpoint
+            .is_some_and(|a| self.recorder.down.lock().unwrap().contains(&a));
         std::future::ready(if down {
             Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
         } else {
@@ -85,7 +117,7 @@ fn east() -> Locality {
 }
 
 #[tokio::test]
-async fn rewrites_authority_and_keeps_host() {
+async fn sends_the_request_as_written_to_the_picked_endpoint() {
     let resolver = StaticResolver::new();
     resolver.set(&target(9443), [ep(1, "east")]);
     let inner = Recorder::default();
@@ -114,7 +146,7 @@ async fn rewrites_authority_and_keeps_host() {
         ))
         .await
         .unwrap();
-    // HTTP/2: no Host is added (RFC 9113 forbids one that differs from :authority).
+    // HTTP/2 requests keep their version (and so their :authority).
     let mut h2 = req(&format!("http://{HOST}:9443/h2"));
     *h2.version_mut() = Version::HTTP_2;
     svc.clone().oneshot(h2).await.unwrap();
@@ -124,7 +156,7 @@ async fn rewrites_authority_and_keeps_host() {
         .headers_mut()
         .insert("host", "accrual.example".parse().unwrap());
     svc.clone().oneshot(custom).await.unwrap();
-    // Origin-form requests are routed by their Host header.
+    // Origin-form requests are routed by their Host header and made absolute from it.
     let mut origin = Request::get("/origin").body(String::new()).unwrap();
     origin
         .headers_mut()
@@ -132,22 +164,67 @@ async fn rewrites_authority_and_keeps_host() {
     svc.clone().oneshot(origin).await.unwrap();
 
     let seen = inner.seen.lock().unwrap().clone();
-    assert_eq!(seen[0].uri, "http://127.10.0.1:9443/accrue?order=7");
-    assert_eq!(
-        seen[0].host.as_deref(),
-        Some("loyalty-accrual.loyalty.svc.clusterset.local:9443")
+    assert!(
+        seen.iter().all(|s| s.endpoint == Some(ep(1, "east").addr)),
+        "{seen:?}"
     );
-    assert_eq!(seen[1].uri, "http://127.10.0.1:9443/");
+    assert_eq!(seen[0].uri, format!("http://{HOST}:9443/accrue?order=7"));
+    assert_eq!(seen[0].host, None, "no Host is added: hyper derives it");
     assert_eq!(
-        seen[1].host.as_deref(),
-        Some("Loyalty-Accrual.loyalty.svc.ClusterSet.Local.:9443")
+        seen[1].uri,
+        "http://Loyalty-Accrual.loyalty.svc.ClusterSet.Local.:9443/"
     );
-    assert_eq!(seen[2].host, None);
+    assert_eq!(
+        (seen[2].uri.as_str(), seen[2].version),
+        (format!("http://{HOST}:9443/h2").as_str(), Version::HTTP_2)
+    );
     assert_eq!(seen[3].host.as_deref(), Some("accrual.example"));
-    assert_eq!(seen[4].uri, "http://127.10.0.1:9443/origin");
+    assert_eq!(seen[4].uri, format!("http://{HOST}:9443/origin"));
     assert_eq!(
         seen[4].host.as_deref(),
-        Some("loyalty-accrual.loyalty.svc.clusterset.local:9443")
+        Some(format!("{HOST}:9443").as_str())
+    );
+    assert_eq!(
+        *inner.made.lock().unwrap(),
+        [ep(1, "east").addr],
+        "one service for the endpoint, made once"
+    );
+}
+
+#[tokio::test]
+async fn other_hosts_go_to_the_passthrough_service() {
+    let resolver = StaticResolver::new();
+    let inner = Recorder::default();
+    let svc = McsLayer::new(resolver.clone(), east()).layer(inner.clone());
+    for uri in [
+        "http://loyalty-accrual.loyalty.svc.cluster.local:9443/",
+        "http://example.com/",
+    ] {
+        svc.clone().oneshot(req(uri)).await.unwrap();
+    }
+    let seen = inner.seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2);
+    assert!(seen.iter().all(|s| s.endpoint.is_none()), "{seen:?}");
+    assert_eq!(
+        seen[0].uri,
+        "http://loyalty-accrual.loyalty.svc.cluster.local:9443/"
+    );
+    assert_eq!(
+        resolver.subscribers(&target(9443)),
+        0,
+        "cluster.local is never resolved"
+    );
+
+    // A factory without a pass-through service refuses them with a typed error.
+    let closure = |t: &EndpointTarget| Recording {
+        endpoint: Some(t.addr()),
+        recorder: Recorder::default(),
+    };
+    let svc = McsLayer::new(resolver, east()).layer(closure);
+    let err = svc.oneshot(req("http://example.com/")).await.unwrap_err();
+    assert!(
+        matches!(mcs_error(&err), Error::NoPassthrough { host } if host == "example.com"),
+        "{err}"
     );
 }
 
@@ -178,11 +255,9 @@ async fn default_ports_follow_the_scheme() {
         r.extensions().get::<Served>().unwrap().addr(),
         ep(2, "east").addr
     );
-    assert_eq!(
-        inner.seen.lock().unwrap()[0].host.as_deref(),
-        Some(HOST),
-        "no port in Host when none was given"
-    );
+    let seen = inner.seen.lock().unwrap().clone();
+    assert_eq!(seen[0].uri, format!("http://{HOST}/"), "sent as written");
+    assert_eq!(seen[1].uri, format!("https://{HOST}/"));
 }
 
 #[tokio::test]
@@ -387,10 +462,12 @@ async fn discovery_errors_keep_the_last_good_set() {
     }
 }
 
-/// An inner service that is not ready until told, to check that readiness is delegated.
+/// An endpoint service that is not ready until the gate opens.
 #[derive(Clone)]
 struct Gate {
-    open: Arc<AtomicUsize>,
+    open: Arc<std::sync::atomic::AtomicBool>,
+    waker: Arc<futures::task::AtomicWaker>,
+    polled: Arc<tokio::sync::Notify>,
 }
 
 impl Service<Request<String>> for Gate {
@@ -399,10 +476,11 @@ impl Service<Request<String>> for Gate {
     type Future = std::future::Ready<Result<Response<String>, Infallible>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        if self.open.load(Ordering::SeqCst) > 0 {
+        self.waker.register(cx.waker());
+        self.polled.notify_one();
+        if self.open.load(std::sync::atomic::Ordering::SeqCst) {
             Poll::Ready(Ok(()))
         } else {
-            cx.waker().wake_by_ref();
             Poll::Pending
         }
     }
@@ -413,18 +491,37 @@ impl Service<Request<String>> for Gate {
 }
 
 #[tokio::test]
-async fn poll_ready_is_the_inner_services() {
-    let open = Arc::new(AtomicUsize::new(0));
-    let mut svc = ServiceBuilder::new()
-        .layer(McsLayer::new(StaticResolver::new(), east()))
-        .service(Gate {
-            open: Arc::clone(&open),
-        });
-    let waker = futures::task::noop_waker();
-    let mut cx = Context::from_waker(&waker);
-    assert!(svc.poll_ready(&mut cx).is_pending());
-    open.store(1, Ordering::SeqCst);
-    assert!(matches!(svc.poll_ready(&mut cx), Poll::Ready(Ok(()))));
+async fn an_endpoint_services_readiness_is_awaited() {
+    let resolver = StaticResolver::new();
+    resolver.set(&target(9443), [ep(1, "east")]);
+    let gate = Gate {
+        open: Arc::default(),
+        waker: Arc::default(),
+        polled: Arc::default(),
+    };
+    let (open, waker, polled) = (
+        Arc::clone(&gate.open),
+        Arc::clone(&gate.waker),
+        Arc::clone(&gate.polled),
+    );
+    let mut svc = McsLayer::new(resolver, east()).layer(move |_: &EndpointTarget| gate.clone());
+    let noop = futures::task::noop_waker();
+    let mut cx = Context::from_waker(&noop);
+    assert!(
+        matches!(
+            Service::<Request<String>>::poll_ready(&mut svc, &mut cx),
+            Poll::Ready(Ok(()))
+        ),
+        "the balancing service itself is always ready"
+    );
+    let request = tokio::spawn(svc.oneshot(req(&format!("http://{HOST}:9443/"))));
+    // The endpoint's service was asked and is not ready: the request waits for it.
+    polled.notified().await;
+    assert!(!request.is_finished());
+    open.store(true, std::sync::atomic::Ordering::SeqCst);
+    waker.wake();
+    let response = request.await.unwrap().unwrap();
+    assert!(response.extensions().get::<Served>().is_some());
 }
 
 #[tokio::test]
@@ -500,9 +597,15 @@ async fn retries_stop_when_the_budget_is_spent() {
             .oneshot(req(&format!("http://{HOST}:9443/")))
             .await
             .unwrap_err();
-        let io = err
+        let failed = err
+            .downcast_ref::<EndpointError>()
+            .expect("the endpoint's error comes back, naming the endpoint");
+        assert!([ep(1, "east").addr, ep(2, "east").addr].contains(&failed.endpoint()));
+        assert_eq!(failed.cluster().as_str(), "east");
+        let io = failed
+            .inner()
             .downcast_ref::<std::io::Error>()
-            .expect("the inner error comes back unchanged");
+            .expect("the endpoint service's error, unchanged, as its source");
         assert_eq!(io.kind(), std::io::ErrorKind::ConnectionRefused);
     }
     let sent = inner.seen.lock().unwrap().len();
@@ -527,7 +630,17 @@ async fn pinned_tiering_and_no_retry_by_default() {
         .oneshot(req(&format!("http://{HOST}:9443/")))
         .await
         .unwrap_err();
-    assert!(err.downcast_ref::<std::io::Error>().is_some(), "{err}");
+    let failed = err
+        .downcast_ref::<EndpointError>()
+        .expect("an endpoint error");
+    assert_eq!(
+        (failed.endpoint(), failed.cluster().as_str()),
+        (ep(2, "west").addr, "west")
+    );
+    assert!(
+        err.to_string().contains("127.10.0.2:9443") && err.to_string().contains("west"),
+        "{err}"
+    );
     assert_eq!(
         inner.seen.lock().unwrap().len(),
         1,
@@ -593,7 +706,7 @@ async fn request_timeout_counts_against_the_endpoint() {
     let layer = McsLayer::builder(resolver, east())
         .request_timeout(Duration::from_millis(250))
         .build();
-    let svc = ServiceBuilder::new().layer(layer).service(Slow);
+    let svc = layer.layer(|_: &EndpointTarget| Slow);
     let err = svc
         .oneshot(req(&format!("http://{HOST}:9443/")))
         .await
@@ -624,6 +737,7 @@ fn public_types_are_send_and_sync() {
     send_sync::<mcs_client::Mcs<Recorder>>();
     send_sync::<StaticResolver>();
     send_sync::<Error>();
+    send_sync::<EndpointError>();
     send_sync::<Served>();
     send::<
         mcs_client::ResponseFuture<

@@ -76,13 +76,13 @@ const EAST: &str = "127.10.0.1:9443";
 const WEST: &str = "127.20.0.1:9443";
 
 /// On a current-thread runtime with `recorder` installed (the discovery task runs on this
-/// thread, where the recorder is): sends a GET for each path through the layer to an inner
-/// service answering `status(request)`, then runs `after` on the resolver and lets the
-/// discovery task see it. Returns the statuses.
+/// thread, where the recorder is): sends a GET for each path through the layer to endpoint
+/// services answering `status(endpoint, request)`, then runs `after` on the resolver and
+/// lets the discovery task see it. Returns the statuses.
 fn drive(
     recorder: &TestRecorder,
     paths: &[&str],
-    status: fn(&Request<String>) -> u16,
+    status: fn(&str, &Request<String>) -> u16,
     after: impl FnOnce(&StaticResolver),
 ) -> Vec<u16> {
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -100,20 +100,26 @@ fn drive(
                     Endpoint::ready(WEST.parse().unwrap(), cluster("west")),
                 ],
             );
-            let inner = tower::service_fn(move |req: Request<String>| async move {
-                Ok::<_, std::convert::Infallible>(
-                    Response::builder()
-                        .status(status(&req))
-                        .body(String::new())
-                        .unwrap(),
-                )
-            });
+            let make = move |target: &mcs_client::connect::EndpointTarget| {
+                let endpoint = target.addr().to_string();
+                tower::service_fn(move |req: Request<String>| {
+                    let code = status(&endpoint, &req);
+                    async move {
+                        Ok::<_, std::convert::Infallible>(
+                            Response::builder()
+                                .status(code)
+                                .body(String::new())
+                                .unwrap(),
+                        )
+                    }
+                })
+            };
             let svc = ServiceBuilder::new()
                 .layer(McsLayer::new(
                     resolver.clone(),
                     Locality::cluster(cluster("east")),
                 ))
-                .service(inner);
+                .service(make);
             let mut statuses = Vec::new();
             for path in paths {
                 let req = Request::get(format!("http://{HOST}:9443{path}"))
@@ -135,7 +141,7 @@ fn picks_outcomes_endpoints_and_errors_are_counted() {
     drive(
         &recorder,
         &paths,
-        |req| {
+        |_, req| {
             if req.uri().path() == "/fail" {
                 503
             } else {
@@ -198,7 +204,7 @@ fn a_departed_cluster_reads_zero() {
     drive(
         &recorder,
         &["/ok"],
-        |_| 200,
+        |_, _| 200,
         |resolver| {
             resolver.set(
                 &target(9443),
@@ -233,12 +239,8 @@ fn ejections_are_counted_as_they_happen() {
     let statuses = drive(
         &recorder,
         &["/accrue"; 10],
-        |req| {
-            if req.uri().authority().map(|a| a.as_str()) == Some(EAST) {
-                503
-            } else {
-                200
-            }
+        |endpoint, _| {
+            if endpoint == EAST { 503 } else { 200 }
         },
         |_| {},
     );

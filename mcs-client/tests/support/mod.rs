@@ -5,7 +5,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -14,9 +14,10 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
+use mcs_client::Http;
+use mcs_client::connect::Tcp;
 use mcs_core::ClusterId;
 use mcs_core::discovery::{Endpoint, Target};
 use mcs_core::name::ServiceRef;
@@ -43,7 +44,10 @@ pub fn target(port: u16) -> Target {
 pub struct TestServer {
     pub addr: SocketAddr,
     pub cluster: ClusterId,
-    served: Arc<AtomicU64>,
+    /// Requests served so far.
+    served: Arc<watch::Sender<u64>>,
+    /// Connections open now.
+    open: Arc<watch::Sender<usize>>,
     status: Arc<AtomicU16>,
     stop: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
@@ -56,11 +60,12 @@ impl TestServer {
             .await
             .expect("bind loopback address");
         let addr = listener.local_addr().unwrap();
-        let served = Arc::new(AtomicU64::new(0));
+        let served = Arc::new(watch::Sender::new(0u64));
+        let open = Arc::new(watch::Sender::new(0usize));
         let status = Arc::new(AtomicU16::new(200));
         let (stop, mut stopped) = watch::channel(false);
         let body_prefix = format!("{cluster_name} {addr}");
-        let (s, st) = (Arc::clone(&served), Arc::clone(&status));
+        let (s, st, o) = (Arc::clone(&served), Arc::clone(&status), Arc::clone(&open));
         let task = tokio::spawn(async move {
             let mut conns = JoinSet::new();
             loop {
@@ -68,6 +73,7 @@ impl TestServer {
                     accepted = listener.accept() => {
                         let Ok((stream, _)) = accepted else { continue };
                         let (s, st, prefix) = (Arc::clone(&s), Arc::clone(&st), body_prefix.clone());
+                        let open = OpenGuard::new(Arc::clone(&o));
                         let mut stopped = stopped.clone();
                         conns.spawn(async move {
                             let svc = service_fn(move |req: Request<Incoming>| {
@@ -81,7 +87,7 @@ impl TestServer {
                                         .or_else(|| req.uri().authority().map(|a| a.to_string()))
                                         .unwrap_or_default();
                                     let _ = req.into_body().collect().await;
-                                    s.fetch_add(1, Ordering::Relaxed);
+                                    s.send_modify(|n| *n += 1);
                                     let status = StatusCode::from_u16(st.load(Ordering::Relaxed)).unwrap();
                                     let body = format!("{prefix} {host}");
                                     Ok::<_, Infallible>(Response::builder().status(status).body(Full::new(Bytes::from(body))).unwrap())
@@ -97,6 +103,7 @@ impl TestServer {
                                     let _ = conn.await;
                                 }
                             }
+                            drop(open);
                         });
                     }
                     _ = wait_stop(&mut stopped) => break,
@@ -109,6 +116,7 @@ impl TestServer {
             addr,
             cluster: cluster(cluster_name),
             served,
+            open,
             status,
             stop,
             task,
@@ -120,7 +128,24 @@ impl TestServer {
     }
 
     pub fn served(&self) -> u64 {
-        self.served.load(Ordering::Relaxed)
+        *self.served.borrow()
+    }
+
+    /// Waits until the server has served at least `n` requests.
+    pub async fn wait_served(&self, n: u64) {
+        let mut rx = self.served.subscribe();
+        let _ = rx.wait_for(|s| *s >= n).await;
+    }
+
+    /// Connections open now.
+    pub fn open_connections(&self) -> usize {
+        *self.open.borrow()
+    }
+
+    /// Waits until the number of open connections satisfies `f`.
+    pub async fn wait_connections(&self, f: impl FnMut(&usize) -> bool) {
+        let mut rx = self.open.subscribe();
+        let _ = rx.wait_for(f).await;
     }
 
     /// Makes the server answer with `status` from now on.
@@ -132,6 +157,22 @@ impl TestServer {
     pub async fn stop(self) {
         let _ = self.stop.send(true);
         let _ = self.task.await;
+    }
+}
+
+/// Counts a connection open until dropped.
+struct OpenGuard(Arc<watch::Sender<usize>>);
+
+impl OpenGuard {
+    fn new(open: Arc<watch::Sender<usize>>) -> Self {
+        open.send_modify(|n| *n += 1);
+        Self(open)
+    }
+}
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n -= 1);
     }
 }
 
@@ -156,9 +197,9 @@ pub async fn servers(
     out
 }
 
-/// A hyper-util legacy client (HTTP/1) for `Full<Bytes>` bodies.
-pub fn http1_client() -> Client<HttpConnector, Full<Bytes>> {
-    Client::builder(TokioExecutor::new()).build_http()
+/// Plaintext hyper-util clients (HTTP/1), one per endpoint, for `Full<Bytes>` bodies.
+pub fn http1() -> Http<Tcp, Full<Bytes>> {
+    Http::new(Client::builder(TokioExecutor::new()))
 }
 
 /// Polls `check` until it returns true or `timeout` passes; panics with `what` then.

@@ -1,0 +1,365 @@
+//! TLS and mTLS on rustls: [`Tls`] makes connectors, [`TlsConnect`] connects.
+
+use std::collections::HashMap;
+use std::error::Error as StdError;
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use arc_swap::ArcSwap;
+use http::Uri;
+use http::uri::Scheme;
+use hyper::rt::{Read, ReadBufCursor, Write};
+use hyper_util::client::legacy::connect::{Connected, Connection};
+use hyper_util::rt::TokioIo;
+use rustls::ClientConfig;
+use rustls::pki_types::ServerName;
+use tokio::net::TcpStream;
+use tower::{BoxError, Service};
+
+use mcs_core::ClusterId;
+use mcs_core::name::ServiceRef;
+
+use super::EndpointTarget;
+use super::dial::{Dial, Tcp};
+use super::http::MakeConnector;
+
+type NameFn = dyn Fn(&EndpointTarget) -> String + Send + Sync;
+
+/// TLS (and mTLS) for `https` requests, on rustls with your `ClientConfig`; `http` requests
+/// on the same connectors stay plaintext.
+///
+/// For an endpoint of a ClusterSet service the connector dials the endpoint's address and
+/// sends, as SNI, and verifies the certificate against, the service's server name:
+///
+/// 1. the name set for that service with [`Tls::server_name_for`], else
+/// 2. the name the function given to [`Tls::server_name`] returns, else
+/// 3. the ClusterSet name, `<service>.<namespace>.svc.clusterset.local`.
+///
+/// Hosts outside the ClusterSet are resolved and verified by the URI's host.
+///
+/// Client certificates (mTLS) come from the `ClientConfig`. [`Tls::store`] replaces the
+/// configuration at run time (a renewed certificate, a new CA bundle): new connections use
+/// it, established ones keep theirs. `Tls` is cheap to clone and clones share the
+/// configuration, so keep one to renew with. ALPN comes from the configuration too: with
+/// `alpn_protocols = [b"h2"]` a connection that negotiates `h2` is used as HTTP/2.
+///
+/// Handshake failures are [`TlsError`]s naming the endpoint, its cluster and the name
+/// verified; the layer counts them as connect failures (retried on another endpoint when
+/// retries are on, and counted towards outlier ejection).
+#[derive(Clone)]
+pub struct Tls {
+    config: Arc<ArcSwap<ClientConfig>>,
+    by_service: Arc<HashMap<ServiceRef, String>>,
+    name_fn: Option<Arc<NameFn>>,
+    tcp: Tcp,
+}
+
+impl Tls {
+    /// TLS with this client configuration.
+    pub fn new(config: impl Into<Arc<ClientConfig>>) -> Self {
+        Self {
+            config: Arc::new(ArcSwap::new(config.into())),
+            by_service: Arc::default(),
+            name_fn: None,
+            tcp: Tcp::new(),
+        }
+    }
+
+    /// The server name for `service`'s endpoints (for example its `cluster.local` name, or
+    /// the DNS name in its certificate).
+    #[must_use]
+    pub fn server_name_for(mut self, service: ServiceRef, name: impl Into<String>) -> Self {
+        Arc::make_mut(&mut self.by_service).insert(service, name.into());
+        self
+    }
+
+    /// The server name of services without a [`Tls::server_name_for`] entry, as a function
+    /// of the endpoint (for example `<service>.<namespace>.svc.cluster.local`).
+    #[must_use]
+    pub fn server_name(
+        mut self,
+        name: impl Fn(&EndpointTarget) -> String + Send + Sync + 'static,
+    ) -> Self {
+        self.name_fn = Some(Arc::new(name));
+        self
+    }
+
+    /// The TCP settings under TLS.
+    #[must_use]
+    pub fn tcp(mut self, tcp: Tcp) -> Self {
+        self.tcp = tcp;
+        self
+    }
+
+    /// Replaces the configuration for new connections (and every clone's).
+    pub fn store(&self, config: impl Into<Arc<ClientConfig>>) {
+        self.config.store(config.into());
+    }
+
+    /// The configuration new connections use.
+    pub fn config(&self) -> Arc<ClientConfig> {
+        self.config.load_full()
+    }
+
+    /// The name an endpoint's certificate is verified against.
+    pub fn name_for(&self, target: &EndpointTarget) -> String {
+        if let Some(name) = self.by_service.get(target.service()) {
+            return name.clone();
+        }
+        match &self.name_fn {
+            Some(f) => f(target),
+            None => target.host().to_owned(),
+        }
+    }
+}
+
+impl fmt::Debug for Tls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tls")
+            .field("server_names", &self.by_service)
+            .field("name_fn", &self.name_fn.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl MakeConnector for Tls {
+    type Connector = TlsConnect;
+
+    fn endpoint(&self, target: &EndpointTarget) -> TlsConnect {
+        let name = self.name_for(target);
+        TlsConnect {
+            dial: self.tcp.dial(target.addr()),
+            config: Arc::clone(&self.config),
+            name: Some(Arc::from(name)),
+            peer: Some((target.addr(), target.cluster().clone())),
+        }
+    }
+
+    fn passthrough(&self) -> TlsConnect {
+        TlsConnect {
+            dial: self.tcp.resolve(),
+            config: Arc::clone(&self.config),
+            name: None,
+            peer: None,
+        }
+    }
+}
+
+/// A connector (a `tower::Service<Uri>`, hyper-util's `Connect`) made by [`Tls`]: TCP to
+/// the endpoint, then a TLS handshake for `https` URIs.
+#[derive(Clone)]
+pub struct TlsConnect {
+    dial: Dial,
+    config: Arc<ArcSwap<ClientConfig>>,
+    /// The server name; `None` for pass-through (the URI's host).
+    name: Option<Arc<str>>,
+    /// The endpoint and its cluster, for errors.
+    peer: Option<(SocketAddr, ClusterId)>,
+}
+
+impl fmt::Debug for TlsConnect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsConnect")
+            .field("dial", &self.dial)
+            .field("server_name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Service<Uri> for TlsConnect {
+    type Response = MaybeTls;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<MaybeTls, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.dial.poll_ready(cx)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let https = uri.scheme() == Some(&Scheme::HTTPS);
+        let name: Arc<str> = match &self.name {
+            Some(name) => Arc::clone(name),
+            None => Arc::from(
+                uri.host()
+                    .map(|h| h.trim_start_matches('[').trim_end_matches(']'))
+                    .unwrap_or_default(),
+            ),
+        };
+        let peer = self.peer.clone();
+        let config = self.config.load_full();
+        let tcp = self.dial.call(uri);
+        Box::pin(async move {
+            let tcp = tcp.await?;
+            if !https {
+                return Ok(MaybeTls::Plain(tcp));
+            }
+            let fail = |source: Box<dyn StdError + Send + Sync>| TlsError {
+                peer: peer.clone(),
+                server_name: name.to_string(),
+                source,
+            };
+            let server_name =
+                ServerName::try_from(name.to_string()).map_err(|e| fail(Box::new(e)))?;
+            let tls = tokio_rustls::TlsConnector::from(config)
+                .connect(server_name, tcp.into_inner())
+                .await
+                .map_err(|e| fail(unwrap_rustls(e)))?;
+            Ok(MaybeTls::Tls(Box::new(TokioIo::new(tls))))
+        })
+    }
+}
+
+/// The rustls error inside an I/O error, if there is one (tokio-rustls wraps them, and
+/// `io::Error::source` skips the wrapped error itself).
+fn unwrap_rustls(e: io::Error) -> Box<dyn StdError + Send + Sync> {
+    match e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+    {
+        Some(rustls) => Box::new(rustls.clone()),
+        None => Box::new(e),
+    }
+}
+
+/// A TLS handshake that failed: the endpoint, its cluster, the server name verified and why.
+#[derive(Debug)]
+pub struct TlsError {
+    peer: Option<(SocketAddr, ClusterId)>,
+    server_name: String,
+    source: Box<dyn StdError + Send + Sync>,
+}
+
+impl TlsError {
+    /// The endpoint's address (`None` for a host outside the ClusterSet).
+    pub fn endpoint(&self) -> Option<SocketAddr> {
+        self.peer.as_ref().map(|p| p.0)
+    }
+
+    /// The endpoint's cluster (`None` for a host outside the ClusterSet).
+    pub fn cluster(&self) -> Option<&ClusterId> {
+        self.peer.as_ref().map(|p| &p.1)
+    }
+
+    /// The name sent as SNI and verified against the certificate.
+    pub fn server_name(&self) -> &str {
+        &self.server_name
+    }
+
+    /// The rustls error, when rustls refused the handshake (a certificate for another name,
+    /// an unknown CA, an expired certificate, a refused client certificate, ...).
+    pub fn rustls(&self) -> Option<&rustls::Error> {
+        self.source.downcast_ref()
+    }
+}
+
+impl fmt::Display for TlsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.peer {
+            Some((addr, cluster)) => write!(
+                f,
+                "TLS handshake with endpoint {addr} in cluster {cluster} failed, verifying server name {:?}",
+                self.server_name
+            ),
+            None => write!(
+                f,
+                "TLS handshake failed, verifying server name {:?}",
+                self.server_name
+            ),
+        }
+    }
+}
+
+impl StdError for TlsError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        Some(&*self.source)
+    }
+}
+
+/// A connection made by [`TlsConnect`]: TLS for `https`, plain TCP for `http`.
+#[derive(Debug)]
+pub enum MaybeTls {
+    /// Plain TCP.
+    Plain(TokioIo<TcpStream>),
+    /// TLS over TCP.
+    Tls(Box<TokioIo<tokio_rustls::client::TlsStream<TcpStream>>>),
+}
+
+impl Connection for MaybeTls {
+    fn connected(&self) -> Connected {
+        match self {
+            Self::Plain(tcp) => tcp.connected(),
+            Self::Tls(tls) => {
+                let (tcp, session) = tls.inner().get_ref();
+                let connected = tcp.connected();
+                if session.alpn_protocol() == Some(b"h2") {
+                    connected.negotiated_h2()
+                } else {
+                    connected
+                }
+            }
+        }
+    }
+}
+
+impl Read for MaybeTls {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Self::Tls(s) => Pin::new(&mut **s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl Write for MaybeTls {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Self::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Self::Tls(s) => Pin::new(&mut **s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(s) => Pin::new(s).poll_flush(cx),
+            Self::Tls(s) => Pin::new(&mut **s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Self::Tls(s) => Pin::new(&mut **s).poll_shutdown(cx),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Self::Plain(s) => s.is_write_vectored(),
+            Self::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Self::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Self::Tls(s) => Pin::new(&mut **s).poll_write_vectored(cx, bufs),
+        }
+    }
+}
