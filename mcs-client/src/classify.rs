@@ -71,7 +71,7 @@ impl Classify {
 /// What kind of failure an error of the wrapped service is, as far as retries care.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum FailureKind {
-    /// No connection could be made: the request never left.
+    /// No connection could be made, or TLS refused it: the request was not processed.
     Connect,
     /// A connection existed but the request was not sent on it (hyper "canceled").
     NotSent,
@@ -87,6 +87,10 @@ impl FailureKind {
     pub(crate) fn of(err: &(dyn StdError + 'static)) -> Self {
         let mut cur: Option<&(dyn StdError + 'static)> = Some(err);
         while let Some(e) = cur {
+            #[cfg(feature = "tls")]
+            if e.is::<rustls::Error>() || e.is::<crate::connect::TlsError>() {
+                return Self::Connect;
+            }
             if let Some(e) = e.downcast_ref::<hyper_util::client::legacy::Error>() {
                 if e.is_connect() {
                     return Self::Connect;
@@ -100,6 +104,13 @@ impl FailureKind {
                 }
             } else if let Some(e) = e.downcast_ref::<std::io::Error>() {
                 use std::io::ErrorKind::*;
+                // A TLS failure (a handshake refused either way, or the server's alert
+                // after it, such as a refused client certificate): no request was
+                // processed. `io::Error::source` skips the wrapped error, so look inside.
+                #[cfg(feature = "tls")]
+                if e.get_ref().is_some_and(|inner| inner.is::<rustls::Error>()) {
+                    return Self::Connect;
+                }
                 match e.kind() {
                     ConnectionRefused | AddrNotAvailable | HostUnreachable | NetworkUnreachable => {
                         return Self::Connect;

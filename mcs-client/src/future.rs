@@ -76,10 +76,6 @@ pub(crate) enum Pick {
 }
 
 impl Pick {
-    pub(crate) fn addr(&self) -> SocketAddr {
-        self.endpoint().addr
-    }
-
     pub(crate) fn endpoint(&self) -> &Endpoint {
         match self {
             Self::Balanced(p) => p.endpoint(),
@@ -129,6 +125,7 @@ impl fmt::Debug for Attempt {
 impl Attempt {
     pub(crate) fn new(
         picked: Pick,
+        meta: Arc<EndpointMeta>,
         target: Arc<TargetShared>,
         started: Instant,
         attempts: u32,
@@ -136,7 +133,6 @@ impl Attempt {
         timeout: Option<Duration>,
     ) -> Self {
         target.metrics.pick(picked.tier());
-        let meta = target.meta(picked.addr(), picked.endpoint());
         // Cost when no subscriber wants it: one interest check; fields are formatted lazily.
         let span = debug_span!(
             "mcs.request",
@@ -156,14 +152,6 @@ impl Attempt {
             classify,
             timeout,
         }
-    }
-
-    pub(crate) fn meta(&self) -> &EndpointMeta {
-        &self.meta
-    }
-
-    pub(crate) fn target(&self) -> &TargetShared {
-        &self.target
     }
 
     pub(crate) fn addr(&self) -> SocketAddr {

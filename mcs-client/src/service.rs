@@ -95,17 +95,24 @@ struct Endpoints<M: MakeEndpoint> {
 }
 
 impl<M: MakeEndpoint> Endpoints<M> {
-    /// The service of the endpoint `meta` describes, made the first time.
+    /// The metadata of the picked endpoint and its service, made the first time.
     ///
-    /// Cost after the first time: one atomic load, a type check and the service's clone.
-    fn service(&self, target: &TargetShared, meta: &EndpointMeta) -> M::Service {
-        meta.conns.get_or_make(self.owner, || {
-            trace!(service = %target.name, endpoint = %meta.endpoint.addr, "new endpoint service");
-            self.make.make_endpoint(&EndpointTarget::new(
-                meta.endpoint.clone(),
-                target.target.clone(),
-                Arc::clone(&target.host),
-            ))
+    /// Cost after the first time: one hash lookup, one atomic load, a type check and the
+    /// service's clone.
+    fn endpoint(
+        &self,
+        target: &TargetShared,
+        endpoint: &Endpoint,
+    ) -> (Arc<EndpointMeta>, M::Service) {
+        target.endpoint(endpoint, |conns| {
+            conns.get_or_make(self.owner, || {
+                trace!(service = %target.name, endpoint = %endpoint.addr, "new endpoint service");
+                self.make.make_endpoint(&EndpointTarget::new(
+                    endpoint.clone(),
+                    target.target.clone(),
+                    Arc::clone(&target.host),
+                ))
+            })
         })
     }
 }
@@ -301,8 +308,10 @@ where
     RB: Send + 'static,
     R: ReplayBody<B>,
 {
+    let (meta, svc) = endpoints.endpoint(&route.target, picked.endpoint());
     let attempt = Attempt::new(
         Pick::Balanced(picked),
+        meta,
         Arc::clone(&route.target),
         now,
         1,
@@ -336,7 +345,6 @@ where
         _ => None,
     };
     trace!(service = %route.target.name, endpoint = %attempt.addr(), "dispatch");
-    let svc = endpoints.service(&route.target, attempt.meta());
     ResponseFuture::balanced(svc.oneshot(req), attempt, retry)
 }
 
@@ -448,8 +456,10 @@ where
         let target = &state.route.target;
         target.metrics.retries_sent.increment(1);
         let req = Request::from_parts(state.head.clone(), state.replay.copy(&state.copies));
+        let (meta, svc) = state.endpoints.endpoint(target, picked.endpoint());
         let attempt = Attempt::new(
             picked,
+            meta,
             Arc::clone(target),
             now(),
             state.retries + 1,
@@ -458,7 +468,6 @@ where
         );
         state.tried.push(attempt.addr());
         state.tried_tiers.push(attempt.tier());
-        let svc = state.endpoints.service(attempt.target(), attempt.meta());
         let fut = tracing::Instrument::instrument(svc.oneshot(req), attempt.span().clone());
         let result = match state.shared.request_timeout {
             Some(t) => match tokio::time::timeout(t, fut).await {

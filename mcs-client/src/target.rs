@@ -29,34 +29,41 @@ const TICK: Duration = Duration::from_secs(5);
 const RESUBSCRIBE_MIN: Duration = Duration::from_secs(1);
 const RESUBSCRIBE_MAX: Duration = Duration::from_secs(30);
 
-/// What a balanced request needs to know about the endpoint it goes to.
+/// What a balanced request needs to know about the endpoint it goes to. Responses carry it
+/// (in [`Served`](crate::Served)), so it holds no connections.
 #[derive(Debug)]
 pub(crate) struct EndpointMeta {
     pub(crate) endpoint: Endpoint,
     pub(crate) success: Counter,
     pub(crate) failure: Counter,
     pub(crate) ejections: Counter,
-    /// The endpoint's services (its connections), kept by address across changes of the
-    /// endpoint's other fields (readiness, zone) so those do not drop connections.
-    pub(crate) conns: Arc<Conns>,
 }
 
 impl EndpointMeta {
-    fn new(endpoint: Endpoint, metrics: &TargetMetrics, conns: Option<&Arc<Conns>>) -> Self {
+    fn new(endpoint: Endpoint, metrics: &TargetMetrics) -> Self {
         let (success, failure, ejections) = metrics.outcomes(&endpoint);
         Self {
             endpoint,
             success,
             failure,
             ejections,
-            conns: conns.cloned().unwrap_or_default(),
         }
     }
 }
 
+/// An endpoint discovery lists: its metadata and its services (its connections). The
+/// services are kept by address across changes of the endpoint's other fields (readiness,
+/// zone), so those do not drop connections; they go when the address leaves the set and
+/// the last request using them finishes.
+#[derive(Clone, Debug)]
+struct Listed {
+    meta: Arc<EndpointMeta>,
+    conns: Arc<Conns>,
+}
+
 /// Endpoint metadata by address. Keys come from discovery, not from requests, so a fast
 /// non-keyed hash is fine here.
-type MetaMap = HashMap<SocketAddr, Arc<EndpointMeta>, BuildHasherDefault<AddrHasher>>;
+type MetaMap = HashMap<SocketAddr, Listed, BuildHasherDefault<AddrHasher>>;
 
 /// FxHash (rustc's hasher): a multiply and a rotate per word.
 #[derive(Default)]
@@ -144,17 +151,27 @@ impl TargetShared {
         }
     }
 
-    /// The endpoint metadata for `addr`, made on the spot if discovery has not published it.
-    pub(crate) fn meta(&self, addr: SocketAddr, endpoint: &Endpoint) -> Arc<EndpointMeta> {
-        // Cost: one hash lookup in a lock-free snapshot.
-        let metas = self.endpoints.load();
-        match metas.get(&addr) {
-            Some(meta) if meta.endpoint == *endpoint => Arc::clone(meta),
-            other => Arc::new(EndpointMeta::new(
-                endpoint.clone(),
-                &self.metrics,
-                other.map(|m| &m.conns),
-            )),
+    /// The metadata of a picked endpoint, and what `service` makes of its services (made on
+    /// the spot, for this request only, if discovery has not listed the address).
+    ///
+    /// Cost: one hash lookup in a lock-free snapshot, one reference count.
+    pub(crate) fn endpoint<S>(
+        &self,
+        endpoint: &Endpoint,
+        service: impl FnOnce(&Conns) -> S,
+    ) -> (Arc<EndpointMeta>, S) {
+        let listed = self.endpoints.load();
+        match listed.get(&endpoint.addr) {
+            Some(l) if l.meta.endpoint == *endpoint => (Arc::clone(&l.meta), service(&l.conns)),
+            // Listed with other fields (a pick from an older snapshot): same connections.
+            Some(l) => (
+                Arc::new(EndpointMeta::new(endpoint.clone(), &self.metrics)),
+                service(&l.conns),
+            ),
+            None => (
+                Arc::new(EndpointMeta::new(endpoint.clone(), &self.metrics)),
+                service(&Conns::default()),
+            ),
         }
     }
 
@@ -200,7 +217,7 @@ impl TargetShared {
         self.endpoints
             .load()
             .values()
-            .map(|m| m.endpoint.clone())
+            .map(|l| l.meta.endpoint.clone())
             .collect()
     }
 
@@ -228,15 +245,18 @@ impl TargetShared {
         let old = self.endpoints.load();
         let mut metas = MetaMap::with_capacity_and_hasher(table.len(), Default::default());
         for ep in table.endpoints() {
-            let meta = match old.get(&ep.addr) {
-                Some(m) if m.endpoint == *ep => Arc::clone(m),
-                other => Arc::new(EndpointMeta::new(
-                    ep.clone(),
-                    &self.metrics,
-                    other.map(|m| &m.conns),
-                )),
+            let listed = match old.get(&ep.addr) {
+                Some(l) if l.meta.endpoint == *ep => l.clone(),
+                Some(l) => Listed {
+                    meta: Arc::new(EndpointMeta::new(ep.clone(), &self.metrics)),
+                    conns: Arc::clone(&l.conns),
+                },
+                None => Listed {
+                    meta: Arc::new(EndpointMeta::new(ep.clone(), &self.metrics)),
+                    conns: Arc::default(),
+                },
             };
-            metas.insert(ep.addr, meta);
+            metas.insert(ep.addr, listed);
         }
         // Publish new endpoints' metadata before the balancer can pick them, and drop
         // removed ones only after it can no longer pick them: a request finds its
@@ -244,8 +264,8 @@ impl TargetShared {
         let removed = old.keys().any(|addr| !metas.contains_key(addr));
         if removed {
             let mut union = metas.clone();
-            for (addr, meta) in old.iter() {
-                union.entry(*addr).or_insert_with(|| Arc::clone(meta));
+            for (addr, listed) in old.iter() {
+                union.entry(*addr).or_insert_with(|| listed.clone());
             }
             self.endpoints.store(Arc::new(union));
             self.balancer.apply(update);

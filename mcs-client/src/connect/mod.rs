@@ -173,9 +173,9 @@ impl<M: MakeEndpoint> MakeEndpoint for WithPassthrough<M> {
 }
 
 /// The services made for one endpoint: one per layered service ([`Mcs`](crate::Mcs))
-/// that sent it a request. Kept with the endpoint's metadata, so they are dropped (and
-/// their connections closed) when discovery drops the endpoint and its last in-flight
-/// request finishes.
+/// that sent it a request. Kept in the target's endpoint table by address, so they are
+/// dropped (and their connections closed) when discovery drops the endpoint and its last
+/// in-flight request finishes.
 #[derive(Default)]
 pub(crate) struct Conns {
     /// The first owner's service: one atomic load and a type check on the request path.
