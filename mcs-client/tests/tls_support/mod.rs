@@ -58,6 +58,7 @@ impl Identity {
 pub struct Ca {
     issuer: Issuer<'static, KeyPair>,
     cert: CertificateDer<'static>,
+    pem: String,
 }
 
 impl Ca {
@@ -71,7 +72,13 @@ impl Ca {
         Self {
             issuer: Issuer::new(params, key),
             cert: cert.der().clone(),
+            pem: cert.pem(),
         }
+    }
+
+    /// The CA certificate, PEM.
+    pub fn pem(&self) -> String {
+        self.pem.clone()
     }
 
     /// A server certificate for these DNS names.
