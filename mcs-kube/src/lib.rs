@@ -9,4 +9,5 @@
 pub mod admin;
 pub mod agent;
 pub mod dns;
+pub mod hub;
 pub mod resolver;

@@ -1,0 +1,83 @@
+//! The hub topology: members publish what they export to a hub Kubernetes API server and
+//! read each other's records there, instead of every agent watching every member.
+//!
+//! # Layout on the hub
+//!
+//! - One namespace per member, `mcs-member-<cluster id>`, labelled
+//!   `hub.mcs.dev/member=<cluster id>`. Agents discover members by that label.
+//! - In it, one [`MemberExport`](record::MemberExport) per service the member exports
+//!   (`hub.mcs.dev/v1alpha1`, named `<namespace>.<name>`): the export's creation time and
+//!   exported labels and annotations, the Service fields that take part in the merge, and
+//!   the Service's endpoints. Every member merges the same records with the same
+//!   `mcs-core` merge, so every member computes the same imports.
+//! - In it, a `coordination.k8s.io/v1` Lease named `member`, renewed by the member's
+//!   agent. A member whose Lease has expired is treated as gone after the agent's grace
+//!   period: its endpoints leave every import, and come back when it renews.
+//!
+//! # Who may do what
+//!
+//! A member's hub identity (user `mcs:member:<id>`, group `mcs:members`) may write only in
+//! its own namespace (records and Lease) and read the records and Leases of member
+//! namespaces (a RoleBinding in each), plus list member namespaces. It holds no
+//! credentials for any other member cluster. `deploy/rbac/hub-*.yaml` has the roles.
+//!
+//! # When to pick it
+//!
+//! `mesh` (every agent reads every member's API server) is simplest for a handful of
+//! clusters. `hub` keeps connections at O(N) instead of O(N²), keeps each agent's memory
+//! proportional to what is exported, and keeps credentials to one's own cluster and the
+//! hub; pick it beyond about five clusters, or whenever members should not hold read
+//! credentials for each other. `docs/scale.md` has the figures.
+
+pub mod record;
+
+/// The API group of the hub records.
+pub const HUB_GROUP: &str = "hub.mcs.dev";
+/// Marks a hub namespace as a member's: the value is the member's cluster id.
+pub const LABEL_MEMBER: &str = "hub.mcs.dev/member";
+/// The member that wrote a record.
+pub const LABEL_CLUSTER: &str = "hub.mcs.dev/cluster";
+/// The namespace of the service a record is about.
+pub const LABEL_SERVICE_NAMESPACE: &str = "hub.mcs.dev/service-namespace";
+/// The name of each member's Lease in its namespace.
+pub const LEASE_NAME: &str = "member";
+
+/// The hub namespace of a member: `mcs-member-<cluster id>`, or, when that exceeds the 63
+/// characters of a namespace name, the id's first 43 characters and 8 hex digits of its
+/// SHA-256 (the full id is always in the namespace's [`LABEL_MEMBER`] label).
+pub fn member_namespace(cluster: &mcs_core::ClusterId) -> String {
+    const PREFIX: &str = "mcs-member-";
+    let id = cluster.as_str();
+    if PREFIX.len() + id.len() <= 63 {
+        return format!("{PREFIX}{id}");
+    }
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(id.as_bytes());
+    let hex: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{PREFIX}{}-{hex}", id[..43].trim_end_matches('-'))
+}
+
+#[cfg(test)]
+mod tests {
+    use mcs_core::ClusterId;
+
+    use super::member_namespace;
+
+    #[test]
+    fn member_namespaces_are_valid_names() {
+        assert_eq!(
+            member_namespace(&ClusterId::new("east").unwrap()),
+            "mcs-member-east"
+        );
+        let long = ClusterId::new(&"a".repeat(63)).unwrap();
+        let ns = member_namespace(&long);
+        assert!(ns.len() <= 63, "{ns}");
+        assert!(ns.starts_with("mcs-member-aaa"));
+        let other = ClusterId::new(&format!("{}b", "a".repeat(62))).unwrap();
+        assert_ne!(
+            member_namespace(&other),
+            ns,
+            "ids sharing a prefix get different names"
+        );
+    }
+}
