@@ -7,9 +7,10 @@ mod support;
 use std::time::Duration;
 
 use clusterset::*;
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{Api, DeleteParams, PostParams};
-use mcs_core::api::v1beta1::ServiceImport;
+use mcs_core::api::{ANNOTATION_DERIVED_SERVICE, v1beta1::ServiceImport};
 
 const NS: &str = "loyalty";
 
@@ -64,17 +65,51 @@ async fn service_edits_deletion_and_recreation_converge() {
         wait_import(set.client(i), NS, "accrual", "import back", |_| true).await;
     }
 
-    // No loop on its own writes: once converged, the import's resourceVersion stays put.
-    let api: Api<ServiceImport> = Api::namespaced(set.client(2).clone(), NS);
-    wait_import(set.client(2), NS, "accrual", "ips allocated", |si| {
-        si.spec.ips.is_some()
-    })
+    // No loop on its own writes: once converged, a full resync (what the periodic one does)
+    // writes nothing, not even a write the API server would find to change nothing, and
+    // leaves the import and the derived Service as they are.
+    let si = wait_import(
+        set.client(2),
+        NS,
+        "accrual",
+        "ips allocated and Ready",
+        |si| si.spec.ips.is_some() && import_ready(si),
+    )
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let before = api.get("accrual").await.unwrap().metadata.resource_version;
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    let after = api.get("accrual").await.unwrap().metadata.resource_version;
-    assert_eq!(before, after, "the agent rewrote an unchanged import");
+    // A first pass settles whatever was still in flight; the second is the one checked.
+    set.resync(2).await;
+    let imports: Api<ServiceImport> = Api::namespaced(set.client(2).clone(), NS);
+    let services: Api<Service> = Api::namespaced(set.client(2).clone(), NS);
+    let derived = &si.metadata.annotations.as_ref().unwrap()[ANNOTATION_DERIVED_SERVICE];
+    let import_watch = ObjectWatch::open(&imports, "accrual").await;
+    let derived_watch = ObjectWatch::open(&services, derived).await;
+    let requests = set.agent_requests(2);
+    let before = requests.len();
+    set.resync(2).await;
+    import_watch
+        .assert_unmodified("the agent rewrote an unchanged import on resync")
+        .await;
+    derived_watch
+        .assert_unmodified("the agent rewrote an unchanged derived Service on resync")
+        .await;
+    let writes: Vec<_> = requests
+        .since(before)
+        .into_iter()
+        .filter(|r| r.is_write())
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    assert!(
+        writes.is_empty(),
+        "the agent wrote during a resync with nothing to change: {writes:#?}"
+    );
+}
+
+/// Whether the import's `Ready` condition is `True`.
+fn import_ready(si: &ServiceImport) -> bool {
+    si.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -335,10 +370,12 @@ async fn hand_written_and_malformed_imports_are_left_alone() {
         "spec": { "type": "ClusterSetIP", "ports": [{ "port": 80 }], "sessionAffinity": "Sticky" }
     }))
     .unwrap();
-    dynamic
+    let malformed = dynamic
         .create(&PostParams::default(), &malformed)
         .await
         .unwrap();
+    // Watched from their creation on: the agent never changes or deletes them.
+    let manual_watch = ObjectWatch::since(&dynamic, &malformed).await;
     let handmade: DynamicObject = serde_json::from_value(serde_json::json!({
         "apiVersion": "multicluster.x-k8s.io/v1beta1",
         "kind": "ServiceImport",
@@ -346,10 +383,11 @@ async fn hand_written_and_malformed_imports_are_left_alone() {
         "spec": { "type": "Headless", "ports": [] }
     }))
     .unwrap();
-    dynamic
+    let handmade = dynamic
         .create(&PostParams::default(), &handmade)
         .await
         .unwrap();
+    let handmade_watch = ObjectWatch::since(&dynamic, &handmade).await;
 
     // The agent keeps working for everything else.
     create_service(set.client(0), NS, &hello_service("accrual")).await;
@@ -362,20 +400,13 @@ async fn hand_written_and_malformed_imports_are_left_alone() {
         |_| true,
     )
     .await;
-    // An export with the malformed import's name: the agent does not overwrite it.
+    // An export with the malformed import's name: the agent does not overwrite it, neither
+    // when the export appears nor on a full resync; nor does it delete what it did not create.
     create_service(set.client(0), NS, &hello_service("manual")).await;
     export(set.client(0), NS, "manual", None).await;
     wait_import(set.client(1), NS, "manual", "import in west", |_| true).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let still = dynamic.get("manual").await.unwrap();
-    assert_eq!(
-        still.data["spec"]["sessionAffinity"], "Sticky",
-        "the hand-written import was not touched"
-    );
-    assert!(still.metadata.labels.is_none());
-    // Nothing it did not create is deleted.
-    assert!(dynamic.get_opt("handmade").await.unwrap().is_some());
-    // And it says why, as a Warning event on the import it leaves alone.
+    // North's agent says why it leaves the import alone, as a Warning event on it: once
+    // that is there, it has reconciled "manual" with the export.
     let events: Api<k8s_openapi::api::events::v1::Event> =
         Api::namespaced(set.client(2).clone(), NS);
     support::wait_for("ForeignServiceImport event", IMPORT_TIMEOUT, || async {
@@ -386,6 +417,33 @@ async fn hand_written_and_malformed_imports_are_left_alone() {
         })
     })
     .await;
+    // A full resync (what the periodic one does) leaves them alone too. And at no point did
+    // the agent send a write for either, not even a no-op one (its Warning events are its
+    // only writes about them).
+    set.resync(2).await;
+    manual_watch
+        .assert_unmodified("the agent touched the hand-written import")
+        .await;
+    handmade_watch
+        .assert_unmodified("the agent touched an import it did not create")
+        .await;
+    let foreign = |path: &str| {
+        ["manual", "handmade"].iter().any(|name| {
+            let object = format!("/serviceimports/{name}");
+            path.ends_with(&object) || path.ends_with(&format!("{object}/status"))
+        })
+    };
+    let writes: Vec<_> = set
+        .agent_requests(2)
+        .snapshot()
+        .into_iter()
+        .filter(|r| r.is_write() && foreign(&r.path))
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    assert!(
+        writes.is_empty(),
+        "the agent wrote ServiceImports it did not create: {writes:#?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -27,7 +27,7 @@ use super::desired::{
 use super::index::{Key, Store, key_of, own_key};
 use super::reconcile::{self, Observed, ServiceInputs};
 use super::writer::Writer;
-use super::{AgentConfig, AgentError, AgentHealth, AgentMetrics};
+use super::{AgentConfig, AgentError, AgentHealth, AgentMetrics, ResyncRequests};
 
 /// One member's watched state.
 struct MemberState {
@@ -113,6 +113,7 @@ pub(super) async fn run(
     ready: Arc<AtomicBool>,
     health: AgentHealth,
     metrics: AgentMetrics,
+    mut resync: ResyncRequests,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), AgentError> {
     let local_index = config
@@ -219,6 +220,8 @@ pub(super) async fn run(
     let mut forbidden: BTreeMap<Key, String> = BTreeMap::new();
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     let mut last_resync = Instant::now();
+    // A requested resync (`ResyncHandle`) whose pass has not completed yet.
+    let mut resync_pending: Option<u64> = None;
     let mut shutdown = std::pin::pin!(shutdown);
 
     loop {
@@ -231,6 +234,10 @@ pub(super) async fn run(
                 while let Ok(msg) = rx.try_recv() {
                     handle(&mut members, &mut local, msg, &mut dirty);
                 }
+            }
+            Ok(()) = resync.requests.changed() => {
+                resync_pending = Some(*resync.requests.borrow_and_update());
+                mark_all_dirty(&members, &local, &mut dirty);
             }
             _ = tick.tick() => {
                 let now = Instant::now();
@@ -249,11 +256,7 @@ pub(super) async fn run(
                 dirty.extend(due);
                 if now.duration_since(last_resync) >= config.resync {
                     last_resync = now;
-                    for m in &members {
-                        dirty.extend(all_services(m));
-                    }
-                    dirty.extend(local.imports.services().cloned());
-                    dirty.extend(local.imported.services().cloned());
+                    mark_all_dirty(&members, &local, &mut dirty);
                 }
             }
         }
@@ -265,6 +268,10 @@ pub(super) async fn run(
         if !synced || dirty.is_empty() {
             let reason = not_ready_reason(&members, local_index, &local, &forbidden, synced);
             report_health(&config.local, &ready, &health, reason);
+            if synced && let Some(id) = resync_pending.take() {
+                // Nothing to reconcile: the requested pass is trivially complete.
+                resync.completed.send_replace(id);
+            }
             continue;
         }
         let keys = std::mem::take(&mut dirty);
@@ -313,6 +320,10 @@ pub(super) async fn run(
         );
         let reason = not_ready_reason(&members, local_index, &local, &forbidden, synced);
         report_health(&config.local, &ready, &health, reason);
+        if let Some(id) = resync_pending.take() {
+            // Every service dirty when the resync was requested was reconciled just now.
+            resync.completed.send_replace(id);
+        }
     }
     tasks.abort_all();
     Ok(())
@@ -646,6 +657,15 @@ fn report_health(
         Some(reason) if changed => tracing::debug!(cluster = %cluster, reason, "agent not ready"),
         _ => {}
     }
+}
+
+/// Marks every service the agent knows of for reconciliation (a full resync).
+fn mark_all_dirty(members: &[MemberState], local: &LocalState, dirty: &mut BTreeSet<Key>) {
+    for m in members {
+        dirty.extend(all_services(m));
+    }
+    dirty.extend(local.imports.services().cloned());
+    dirty.extend(local.imported.services().cloned());
 }
 
 fn all_services(m: &MemberState) -> BTreeSet<Key> {

@@ -39,6 +39,7 @@ use mcs_core::ClusterId;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use tokio::sync::watch;
 
 pub use writer::WriteError;
 
@@ -129,13 +130,58 @@ impl AgentConfig {
     }
 }
 
-/// Why the agent stopped.
+/// Why the agent stopped, or why a request to it failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum AgentError {
     /// The configuration is inconsistent.
     #[error("invalid agent configuration: {0}")]
     Config(String),
+    /// A resync was requested from an agent that has stopped running.
+    #[error("cannot resync: the agent is not running")]
+    NotRunning,
+}
+
+/// Forces full resyncs of a running agent and says when each has completed
+/// ([`Agent::resync_handle`]). Cheap to clone.
+///
+/// A full resync is what the periodic resync ([`AgentConfig::resync`]) does: every service
+/// the agent knows of is reconciled once, with writes skipped where nothing changed. Tests
+/// use it to check, without waiting for the period, that a converged agent writes nothing.
+#[derive(Clone, Debug)]
+pub struct ResyncHandle {
+    /// The number of the latest requested resync.
+    requested: Arc<watch::Sender<u64>>,
+    /// The number of the latest requested resync whose pass has completed.
+    completed: watch::Receiver<u64>,
+}
+
+impl ResyncHandle {
+    /// Requests a full resync and waits until its pass has completed: every known service
+    /// was reconciled once after the request (its writes, if any, were answered). Fails
+    /// with [`AgentError::NotRunning`] if the agent stops first.
+    pub async fn resync(&self) -> Result<(), AgentError> {
+        let mut id = 0;
+        self.requested.send_modify(|n| {
+            *n += 1;
+            id = *n;
+        });
+        let mut completed = self.completed.clone();
+        completed
+            .wait_for(|done| *done >= id)
+            .await
+            .map(|_| ())
+            .map_err(|_| AgentError::NotRunning)
+    }
+}
+
+/// The agent's side of [`ResyncHandle`]: requests in, completed passes out.
+#[derive(Debug)]
+struct ResyncRequests {
+    /// Kept so that `requests` never reports a closed channel while the agent runs.
+    _sender: Arc<watch::Sender<u64>>,
+    requests: watch::Receiver<u64>,
+    completed: watch::Sender<u64>,
 }
 
 /// The agent's Prometheus metrics.
@@ -234,17 +280,36 @@ pub struct Agent {
     ready: Arc<AtomicBool>,
     health: AgentHealth,
     metrics: AgentMetrics,
+    resync: ResyncRequests,
+    resync_handle: ResyncHandle,
 }
 
 impl Agent {
     /// An agent with these settings.
     pub fn new(config: AgentConfig) -> Self {
+        let (requested, requests) = watch::channel(0);
+        let requested = Arc::new(requested);
+        let (completed, completed_rx) = watch::channel(0);
         Self {
             config,
             ready: Arc::new(AtomicBool::new(false)),
             health: AgentHealth::default(),
             metrics: AgentMetrics::default(),
+            resync: ResyncRequests {
+                _sender: Arc::clone(&requested),
+                requests,
+                completed,
+            },
+            resync_handle: ResyncHandle {
+                requested,
+                completed: completed_rx,
+            },
         }
+    }
+
+    /// A handle that forces full resyncs and waits for them (see [`ResyncHandle`]).
+    pub fn resync_handle(&self) -> ResyncHandle {
+        self.resync_handle.clone()
     }
 
     /// True once every watch has listed and the first reconcile ran, and while the agent's
@@ -273,6 +338,14 @@ impl Agent {
 
     /// Runs until `shutdown` completes.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
-        controller::run(self.config, self.ready, self.health, self.metrics, shutdown).await
+        controller::run(
+            self.config,
+            self.ready,
+            self.health,
+            self.metrics,
+            self.resync,
+            shutdown,
+        )
+        .await
     }
 }

@@ -42,6 +42,11 @@ use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+mod requests;
+// Each user of the harness takes what it needs.
+#[allow(unused_imports)]
+pub use requests::{Recorded, RequestLog, recorded};
+
 /// Kubernetes versions `scripts/k8s-bins.sh` builds, preferred first.
 pub const K8S_VERSIONS: &[&str] = &["1.35.4", "1.34.4"];
 
