@@ -422,29 +422,10 @@ impl RunningAgent {
 
     /// `GET /readyz` on the agent's admin endpoint: status code and body.
     async fn readyz(&self) -> (u16, String) {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut stream = tokio::net::TcpStream::connect(self.admin)
+        let (status, body) = support::http_get(&format!("http://{}/readyz", self.admin))
             .await
-            .expect("connect to the admin endpoint");
-        stream
-            .write_all(b"GET /readyz HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n")
-            .await
-            .expect("send /readyz");
-        let mut response = String::new();
-        stream
-            .read_to_string(&mut response)
-            .await
-            .expect("read /readyz");
-        let status = response
-            .split(' ')
-            .nth(1)
-            .and_then(|code| code.parse().ok())
-            .unwrap_or_else(|| panic!("not an HTTP response: {response:?}"));
-        let body = response
-            .split_once("\r\n\r\n")
-            .map_or("", |(_, body)| body)
-            .to_owned();
-        (status, body)
+            .unwrap_or_else(|e| panic!("the admin endpoint: {e}"));
+        (status.as_u16(), body)
     }
 
     async fn wait_ready(&self, what: &str) {
