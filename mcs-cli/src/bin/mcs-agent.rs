@@ -28,7 +28,7 @@ use prometheus_client::registry::Registry;
 /// The MCS agent: merges every member's ServiceExports and writes ServiceImports,
 /// EndpointSlices, derived Services and export conditions into its own cluster.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(version)]
 struct Args {
     /// This cluster's id (default: the `cluster.clusterset.k8s.io` ClusterProperty).
     #[arg(long, env = "MCS_CLUSTER_ID")]
@@ -53,7 +53,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    admin::main(run(Args::parse())).await
+    mcs_cli::main(run(Args::parse())).await
 }
 
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
