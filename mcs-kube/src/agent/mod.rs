@@ -36,6 +36,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mcs_core::ClusterId;
+use mcs_core::api::{CLUSTER_ID_PROPERTY, v1beta1::ClusterProperty};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -140,6 +141,41 @@ pub enum AgentError {
     /// A resync was requested from an agent that has stopped running.
     #[error("cannot resync: the agent is not running")]
     NotRunning,
+    /// The local cluster has no ClusterProperty `cluster.clusterset.k8s.io` to take the
+    /// cluster id from.
+    #[error(
+        "the local cluster has no ClusterProperty {CLUSTER_ID_PROPERTY}: create it with this cluster's id as spec.value, or pass the id explicitly"
+    )]
+    ClusterIdMissing,
+    /// The ClusterProperty `cluster.clusterset.k8s.io` could not be read.
+    #[error("cannot read ClusterProperty {CLUSTER_ID_PROPERTY} of the local cluster: {source}")]
+    ClusterIdUnreadable {
+        /// The API server's answer or the transport failure.
+        #[source]
+        source: kube::Error,
+    },
+    /// The ClusterProperty `cluster.clusterset.k8s.io` holds a value that is not a cluster id.
+    #[error(
+        "ClusterProperty {CLUSTER_ID_PROPERTY} of the local cluster is not a usable cluster id: {source}"
+    )]
+    ClusterIdInvalid {
+        /// Why the value is not a cluster id (it names the value).
+        #[source]
+        source: mcs_core::cluster::ClusterIdError,
+    },
+}
+
+/// This cluster's id, from its ClusterProperty `cluster.clusterset.k8s.io` (KEP-2149):
+/// `client` reaches the cluster the agent runs in. A missing property, one that cannot be
+/// read, and a value that is not a cluster id (one RFC-1123 label) are errors that say so.
+pub async fn local_cluster_id(client: &kube::Client) -> Result<ClusterId, AgentError> {
+    let properties: kube::Api<ClusterProperty> = kube::Api::all(client.clone());
+    let property = properties
+        .get_opt(CLUSTER_ID_PROPERTY)
+        .await
+        .map_err(|source| AgentError::ClusterIdUnreadable { source })?
+        .ok_or(AgentError::ClusterIdMissing)?;
+    ClusterId::new(property.spec.value).map_err(|source| AgentError::ClusterIdInvalid { source })
 }
 
 /// Forces full resyncs of a running agent and says when each has completed
