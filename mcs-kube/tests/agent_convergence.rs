@@ -7,10 +7,12 @@ mod support;
 use std::time::Duration;
 
 use clusterset::*;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{Api, DeleteParams, PostParams};
-use mcs_core::api::{ANNOTATION_DERIVED_SERVICE, v1beta1::ServiceImport};
+use mcs_core::api::{
+    ANNOTATION_DERIVED_SERVICE, ServiceImportSpec, ServiceImportType, v1beta1::ServiceImport,
+};
 
 const NS: &str = "loyalty";
 
@@ -132,6 +134,98 @@ async fn imports_exist_only_where_the_namespace_exists() {
         |_| true,
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminating_namespace_gets_no_writes_and_leaves_the_agent_ready() {
+    // No controller-manager: a deleted namespace stays Terminating (nothing removes its
+    // content or its `kubernetes` finalizer), as it is while the namespace controller works.
+    let mut set = ClusterSet::start(&["east", "west"], false).await;
+    set.namespace(NS).await;
+    set.namespace("other").await;
+    create_service(set.client(0), NS, &hello_service("accrual")).await;
+    export(set.client(0), NS, "accrual", None).await;
+    let si = wait_import(set.client(1), NS, "accrual", "import in west", |si| {
+        si.spec.ips.is_some()
+    })
+    .await;
+
+    // While west's agent is stopped, what it would write changes: its import and derived
+    // Service go (as the namespace controller removes them), east exports two more
+    // services, and west's namespace starts terminating.
+    set.stop_agent(1).await;
+    let west = set.client(1).clone();
+    let imports: Api<ServiceImport> = Api::namespaced(west.clone(), NS);
+    imports
+        .delete("accrual", &DeleteParams::default())
+        .await
+        .unwrap();
+    let derived = &si.metadata.annotations.as_ref().unwrap()[ANNOTATION_DERIVED_SERVICE];
+    Api::<Service>::namespaced(west.clone(), NS)
+        .delete(derived, &DeleteParams::default())
+        .await
+        .unwrap();
+    create_service(set.client(0), NS, &hello_service("second")).await;
+    export(set.client(0), NS, "second", None).await;
+    create_service(set.client(0), "other", &hello_service("beacon")).await;
+    export(set.client(0), "other", "beacon", None).await;
+    let namespaces: Api<Namespace> = Api::all(west.clone());
+    namespaces
+        .delete(NS, &DeleteParams::default())
+        .await
+        .unwrap();
+    support::wait_for(
+        "the namespace Terminating in west",
+        IMPORT_TIMEOUT,
+        || async {
+            let ns = namespaces.get(NS).await.ok()?;
+            (ns.status?.phase.as_deref() == Some("Terminating")).then_some(())
+        },
+    )
+    .await;
+    // The API server now refuses new content there, with the cause the agent recognises.
+    let probe = ServiceImport::new("probe", ServiceImportSpec::new(ServiceImportType::Headless));
+    match imports.create(&PostParams::default(), &probe).await {
+        Err(kube::Error::Api(status)) => assert!(
+            status.code == 403
+                && status
+                    .details
+                    .as_ref()
+                    .is_some_and(|d| d.causes.iter().any(|c| c.reason == "NamespaceTerminating")),
+            "{status:?}"
+        ),
+        other => panic!("a create in a terminating namespace: {other:?}"),
+    }
+
+    // A fresh agent lists all that at once. Its first full pass writes the new import in
+    // the other namespace and nothing (not even an attempt) into the terminating one, and
+    // it is ready: nothing was refused, no reconcile failed.
+    set.start_agent(1);
+    set.resync(1).await;
+    let into_terminating: Vec<_> = set
+        .agent_requests(1)
+        .snapshot()
+        .into_iter()
+        .filter(|r| r.is_write() && r.path.contains(&format!("/namespaces/{NS}/")))
+        .map(|r| format!("{} {} -> {:?}", r.method, r.path, r.status))
+        .collect();
+    assert_eq!(set.agent_readiness(1), Ok(()));
+    assert_eq!(set.agent_metrics(1).reconcile_errors(), 0);
+    assert!(
+        into_terminating.is_empty(),
+        "the agent wrote into the terminating namespace: {into_terminating:#?}"
+    );
+    assert!(
+        Api::<ServiceImport>::namespaced(west.clone(), "other")
+            .get_opt("beacon")
+            .await
+            .unwrap()
+            .is_some(),
+        "the agent imports into the namespaces that are not terminating"
+    );
+    for name in ["accrual", "second"] {
+        assert!(imports.get_opt(name).await.unwrap().is_none(), "{name}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

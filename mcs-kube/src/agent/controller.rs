@@ -289,6 +289,13 @@ pub(super) async fn run(
                     retry.remove(&key);
                     forbidden.remove(&key);
                 }
+                Err(e) if e.is_namespace_terminating() => {
+                    // The namespace started terminating before its watch said so: nothing
+                    // is to be written there any more (the next plan for it is empty).
+                    tracing::debug!(service = %service, error = %e, "namespace is being terminated; not writing into it");
+                    retry.remove(&key);
+                    forbidden.remove(&key);
+                }
                 Err(e) => {
                     metrics.errors.inc();
                     let attempts = retry.get(&key).map_or(0, |(_, n)| *n) + 1;
@@ -759,13 +766,12 @@ fn inputs_for<'a>(
                 .collect::<Vec<_>>()
         })
         .unwrap_or_default();
+    let namespace = local.namespaces.get(&(String::new(), key.0.clone()));
     ServiceInputs {
         service: service.clone(),
         local: config.local.clone(),
-        namespace_exists: local
-            .namespaces
-            .get(&(String::new(), key.0.clone()))
-            .is_some(),
+        namespace_exists: namespace.is_some(),
+        namespace_terminating: namespace.is_some_and(is_terminating),
         namespace_allowed: config.namespace_allowed(&key.0),
         outcome: merge.outcome(service),
         sources,
@@ -780,6 +786,17 @@ fn inputs_for<'a>(
         local_service_error,
         now_hint: now,
     }
+}
+
+/// Whether a namespace is being deleted (its content is being removed; the API server
+/// refuses new objects in it).
+fn is_terminating(namespace: &Namespace) -> bool {
+    namespace.metadata.deletion_timestamp.is_some()
+        || namespace
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref())
+            .is_some_and(|phase| phase == "Terminating")
 }
 
 fn is_ours(labels: &Option<BTreeMap<String, String>>) -> bool {

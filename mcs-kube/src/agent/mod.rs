@@ -16,7 +16,9 @@
 //! - the `Valid`, `Ready` and `Conflict` conditions of its own ServiceExports.
 //!
 //! Writes are server-side applies with one field manager and are skipped when nothing
-//! changed, so the agent never loops on its own writes. It deletes only objects it labelled
+//! changed, so the agent never loops on its own writes. Nothing is written into a namespace
+//! that is being terminated; the API server's refusal to create there (HTTP 403, cause
+//! `NamespaceTerminating`) is that expected state, not a missing permission. It deletes only objects it labelled
 //! as its own. A member whose watches fail keeps its endpoints for a grace period (default
 //! 60 s); then they are removed and the import's `Ready` condition says so; when the member
 //! answers again, state converges without a restart.
@@ -268,7 +270,8 @@ impl AgentMetrics {
 /// Why the agent is not ready, for readiness endpoints, logs and tests.
 ///
 /// The agent is not ready until every watch has listed, and while its own cluster refuses
-/// it something (HTTP 403): a write it must make or a watch it needs. The reason then
+/// it something (HTTP 403): a write it must make or a watch it needs. A namespace being
+/// terminated refuses new objects to everyone; that does not count. The reason then
 /// quotes the API server, which names the user, the verb and the resource, e.g.
 /// `cannot patch resource "serviceexports/status"`.
 #[derive(Clone, Debug, Default)]

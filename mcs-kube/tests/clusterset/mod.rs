@@ -16,7 +16,8 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use mcs_core::ClusterId;
 use mcs_core::api::{ServiceExportSpec, v1beta1::ServiceExport, v1beta1::ServiceImport};
-use mcs_kube::agent::{Agent, AgentConfig, Member, ResyncHandle};
+use mcs_kube::admin::Readiness;
+use mcs_kube::agent::{Agent, AgentConfig, AgentMetrics, AgentReadiness, Member, ResyncHandle};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
@@ -36,6 +37,8 @@ struct RunningAgent {
     task: JoinHandle<()>,
     resync: ResyncHandle,
     requests: RequestLog,
+    readiness: AgentReadiness,
+    metrics: AgentMetrics,
 }
 
 pub struct ClusterSet {
@@ -137,6 +140,7 @@ impl ClusterSet {
             .probe_interval(Duration::from_secs(1));
         let agent = Agent::new((self.configure)(config));
         let resync = agent.resync_handle();
+        let (readiness, metrics) = (agent.readiness(), agent.metrics());
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             agent
@@ -151,17 +155,32 @@ impl ClusterSet {
             task,
             resync,
             requests,
+            readiness,
+            metrics,
         }
+    }
+
+    fn running(&self, i: usize) -> &RunningAgent {
+        self.agents[i]
+            .as_ref()
+            .unwrap_or_else(|| panic!("no agent running in cluster {}", self.ids[i]))
+    }
+
+    /// The readiness of cluster `i`'s running agent as its `/readyz` reports it: `Ok`, or
+    /// why it is not ready.
+    pub fn agent_readiness(&self, i: usize) -> Result<(), String> {
+        self.running(i).readiness.check()
+    }
+
+    /// The metrics of cluster `i`'s running agent.
+    pub fn agent_metrics(&self, i: usize) -> AgentMetrics {
+        self.running(i).metrics.clone()
     }
 
     /// The requests the running agent of cluster `i` sent to its own cluster (reads and
     /// writes; not those to its peers). Panics if the agent is not running.
     pub fn agent_requests(&self, i: usize) -> RequestLog {
-        self.agents[i]
-            .as_ref()
-            .unwrap_or_else(|| panic!("no agent running in cluster {}", self.ids[i]))
-            .requests
-            .clone()
+        self.running(i).requests.clone()
     }
 
     /// Stops the agent of cluster `i` (its objects stay).
@@ -176,9 +195,7 @@ impl ClusterSet {
     /// until the pass has completed: every service it knows of was reconciled once, and the
     /// writes it decided on were answered. Panics if the agent is not running.
     pub async fn resync(&self, i: usize) {
-        let agent = self.agents[i]
-            .as_ref()
-            .unwrap_or_else(|| panic!("no agent running in cluster {}", self.ids[i]));
+        let agent = self.running(i);
         match tokio::time::timeout(IMPORT_TIMEOUT, agent.resync.resync()).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => panic!("resync of the agent of {}: {e}", self.ids[i]),
