@@ -11,3 +11,14 @@ if [ -n "$bad" ]; then
 	exit 1
 fi
 echo "check-core-deps: mcs-core's normal dependencies are pure ($(printf '%s\n' "$tree" | sort -u | wc -l) crates)"
+
+# The libraries leave command lines and global logging to the binaries (crate mcs-cli).
+for lib in mcs-core mcs-kube mcs-client; do
+	bad=$(cargo tree -p "$lib" -e normal --prefix none --format '{p}' | awk '{print $1}' | grep -E '^(clap|tracing-subscriber)$' | sort -u || true)
+	if [ -n "$bad" ]; then
+		echo "check-core-deps: the library $lib depends on crates for binaries (they belong in mcs-cli):" >&2
+		printf '  %s\n' $bad >&2
+		exit 1
+	fi
+done
+echo "check-core-deps: no library depends on clap or tracing-subscriber"

@@ -202,6 +202,6 @@ fn checked_in_crds_match_the_generator() {
     let generated = crd::to_yaml(&crd::all()).unwrap();
     assert!(
         checked_in == generated,
-        "deploy/crds/mcs-crds.yaml is stale: run `cargo run -p mcs-kube --bin mcs-crds > deploy/crds/mcs-crds.yaml`"
+        "deploy/crds/mcs-crds.yaml is stale: run `cargo run -p mcs-cli --bin mcs-crds > deploy/crds/mcs-crds.yaml`"
     );
 }

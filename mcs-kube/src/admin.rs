@@ -1,5 +1,7 @@
-//! The admin HTTP endpoint of the binaries: `/metrics` (Prometheus text), `/healthz`
-//! (alive) and `/readyz` (200 when ready; otherwise 503 with the reason as the body).
+//! The admin HTTP endpoint of the binaries (crate `mcs-cli`): `/metrics` (Prometheus text),
+//! `/healthz` (alive) and `/readyz` (200 when ready; otherwise 503 with the reason as the
+//! body); plus the signal handling and client set-up they share. Nothing here installs a
+//! global subscriber or reads the command line: that is the binaries' business.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -98,26 +100,6 @@ fn respond(path: &str, registry: &Mutex<Registry>, ready: &dyn Readiness) -> Res
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
     response
-}
-
-/// The body of the binaries' `main`: sets up logging (`RUST_LOG`, default `info`), runs
-/// `run`, logs its error and turns the outcome into an exit code.
-pub async fn main<E: std::fmt::Display>(
-    run: impl Future<Output = Result<(), E>>,
-) -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
-    match run.await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!("{e}");
-            std::process::ExitCode::FAILURE
-        }
-    }
 }
 
 /// Resolves when the process gets SIGINT or SIGTERM.

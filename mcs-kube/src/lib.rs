@@ -1,10 +1,14 @@
 //! The Kubernetes adapter of mcs: CRDs, the per-cluster agent, the `clusterset.local` DNS
 //! server and the Kubernetes-backed resolver.
 //!
+//! - [`agent`]: the MCS agent of one member cluster (`mcs-agent`);
 //! - [`dns`]: the `clusterset.local` DNS server (`mcs-dns`), answering from the local
 //!   cluster's ServiceImports and MCS EndpointSlices;
 //! - [`resolver`]: the Kubernetes-backed resolver for `mcs-client`;
-//! - the `mcs-crds` binary prints the CRDs generated from [`mcs_core::api`].
+//! - [`admin`]: the admin HTTP endpoint (`/metrics`, `/healthz`, `/readyz`) of the binaries.
+//!
+//! The binaries (`mcs-agent`, `mcs-dns`, `mcs-crds`) are in the `mcs-cli` crate; this
+//! library neither parses command lines nor installs a global `tracing` subscriber.
 
 pub mod admin;
 pub mod agent;

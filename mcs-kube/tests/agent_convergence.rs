@@ -7,9 +7,12 @@ mod support;
 use std::time::Duration;
 
 use clusterset::*;
+use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{Api, DeleteParams, PostParams};
-use mcs_core::api::v1beta1::ServiceImport;
+use mcs_core::api::{
+    ANNOTATION_DERIVED_SERVICE, ServiceImportSpec, ServiceImportType, v1beta1::ServiceImport,
+};
 
 const NS: &str = "loyalty";
 
@@ -64,17 +67,51 @@ async fn service_edits_deletion_and_recreation_converge() {
         wait_import(set.client(i), NS, "accrual", "import back", |_| true).await;
     }
 
-    // No loop on its own writes: once converged, the import's resourceVersion stays put.
-    let api: Api<ServiceImport> = Api::namespaced(set.client(2).clone(), NS);
-    wait_import(set.client(2), NS, "accrual", "ips allocated", |si| {
-        si.spec.ips.is_some()
-    })
+    // No loop on its own writes: once converged, a full resync (what the periodic one does)
+    // writes nothing, not even a write the API server would find to change nothing, and
+    // leaves the import and the derived Service as they are.
+    let si = wait_import(
+        set.client(2),
+        NS,
+        "accrual",
+        "ips allocated and Ready",
+        |si| si.spec.ips.is_some() && import_ready(si),
+    )
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let before = api.get("accrual").await.unwrap().metadata.resource_version;
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    let after = api.get("accrual").await.unwrap().metadata.resource_version;
-    assert_eq!(before, after, "the agent rewrote an unchanged import");
+    // A first pass settles whatever was still in flight; the second is the one checked.
+    set.resync(2).await;
+    let imports: Api<ServiceImport> = Api::namespaced(set.client(2).clone(), NS);
+    let services: Api<Service> = Api::namespaced(set.client(2).clone(), NS);
+    let derived = &si.metadata.annotations.as_ref().unwrap()[ANNOTATION_DERIVED_SERVICE];
+    let import_watch = ObjectWatch::open(&imports, "accrual").await;
+    let derived_watch = ObjectWatch::open(&services, derived).await;
+    let requests = set.agent_requests(2);
+    let before = requests.len();
+    set.resync(2).await;
+    import_watch
+        .assert_unmodified("the agent rewrote an unchanged import on resync")
+        .await;
+    derived_watch
+        .assert_unmodified("the agent rewrote an unchanged derived Service on resync")
+        .await;
+    let writes: Vec<_> = requests
+        .since(before)
+        .into_iter()
+        .filter(|r| r.is_write())
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    assert!(
+        writes.is_empty(),
+        "the agent wrote during a resync with nothing to change: {writes:#?}"
+    );
+}
+
+/// Whether the import's `Ready` condition is `True`.
+fn import_ready(si: &ServiceImport) -> bool {
+    si.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -97,6 +134,98 @@ async fn imports_exist_only_where_the_namespace_exists() {
         |_| true,
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminating_namespace_gets_no_writes_and_leaves_the_agent_ready() {
+    // No controller-manager: a deleted namespace stays Terminating (nothing removes its
+    // content or its `kubernetes` finalizer), as it is while the namespace controller works.
+    let mut set = ClusterSet::start(&["east", "west"], false).await;
+    set.namespace(NS).await;
+    set.namespace("other").await;
+    create_service(set.client(0), NS, &hello_service("accrual")).await;
+    export(set.client(0), NS, "accrual", None).await;
+    let si = wait_import(set.client(1), NS, "accrual", "import in west", |si| {
+        si.spec.ips.is_some()
+    })
+    .await;
+
+    // While west's agent is stopped, what it would write changes: its import and derived
+    // Service go (as the namespace controller removes them), east exports two more
+    // services, and west's namespace starts terminating.
+    set.stop_agent(1).await;
+    let west = set.client(1).clone();
+    let imports: Api<ServiceImport> = Api::namespaced(west.clone(), NS);
+    imports
+        .delete("accrual", &DeleteParams::default())
+        .await
+        .unwrap();
+    let derived = &si.metadata.annotations.as_ref().unwrap()[ANNOTATION_DERIVED_SERVICE];
+    Api::<Service>::namespaced(west.clone(), NS)
+        .delete(derived, &DeleteParams::default())
+        .await
+        .unwrap();
+    create_service(set.client(0), NS, &hello_service("second")).await;
+    export(set.client(0), NS, "second", None).await;
+    create_service(set.client(0), "other", &hello_service("beacon")).await;
+    export(set.client(0), "other", "beacon", None).await;
+    let namespaces: Api<Namespace> = Api::all(west.clone());
+    namespaces
+        .delete(NS, &DeleteParams::default())
+        .await
+        .unwrap();
+    support::wait_for(
+        "the namespace Terminating in west",
+        IMPORT_TIMEOUT,
+        || async {
+            let ns = namespaces.get(NS).await.ok()?;
+            (ns.status?.phase.as_deref() == Some("Terminating")).then_some(())
+        },
+    )
+    .await;
+    // The API server now refuses new content there, with the cause the agent recognises.
+    let probe = ServiceImport::new("probe", ServiceImportSpec::new(ServiceImportType::Headless));
+    match imports.create(&PostParams::default(), &probe).await {
+        Err(kube::Error::Api(status)) => assert!(
+            status.code == 403
+                && status
+                    .details
+                    .as_ref()
+                    .is_some_and(|d| d.causes.iter().any(|c| c.reason == "NamespaceTerminating")),
+            "{status:?}"
+        ),
+        other => panic!("a create in a terminating namespace: {other:?}"),
+    }
+
+    // A fresh agent lists all that at once. Its first full pass writes the new import in
+    // the other namespace and nothing (not even an attempt) into the terminating one, and
+    // it is ready: nothing was refused, no reconcile failed.
+    set.start_agent(1);
+    set.resync(1).await;
+    let into_terminating: Vec<_> = set
+        .agent_requests(1)
+        .snapshot()
+        .into_iter()
+        .filter(|r| r.is_write() && r.path.contains(&format!("/namespaces/{NS}/")))
+        .map(|r| format!("{} {} -> {:?}", r.method, r.path, r.status))
+        .collect();
+    assert_eq!(set.agent_readiness(1), Ok(()));
+    assert_eq!(set.agent_metrics(1).reconcile_errors(), 0);
+    assert!(
+        into_terminating.is_empty(),
+        "the agent wrote into the terminating namespace: {into_terminating:#?}"
+    );
+    assert!(
+        Api::<ServiceImport>::namespaced(west.clone(), "other")
+            .get_opt("beacon")
+            .await
+            .unwrap()
+            .is_some(),
+        "the agent imports into the namespaces that are not terminating"
+    );
+    for name in ["accrual", "second"] {
+        assert!(imports.get_opt(name).await.unwrap().is_none(), "{name}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -335,10 +464,12 @@ async fn hand_written_and_malformed_imports_are_left_alone() {
         "spec": { "type": "ClusterSetIP", "ports": [{ "port": 80 }], "sessionAffinity": "Sticky" }
     }))
     .unwrap();
-    dynamic
+    let malformed = dynamic
         .create(&PostParams::default(), &malformed)
         .await
         .unwrap();
+    // Watched from their creation on: the agent never changes or deletes them.
+    let manual_watch = ObjectWatch::since(&dynamic, &malformed).await;
     let handmade: DynamicObject = serde_json::from_value(serde_json::json!({
         "apiVersion": "multicluster.x-k8s.io/v1beta1",
         "kind": "ServiceImport",
@@ -346,10 +477,11 @@ async fn hand_written_and_malformed_imports_are_left_alone() {
         "spec": { "type": "Headless", "ports": [] }
     }))
     .unwrap();
-    dynamic
+    let handmade = dynamic
         .create(&PostParams::default(), &handmade)
         .await
         .unwrap();
+    let handmade_watch = ObjectWatch::since(&dynamic, &handmade).await;
 
     // The agent keeps working for everything else.
     create_service(set.client(0), NS, &hello_service("accrual")).await;
@@ -362,20 +494,13 @@ async fn hand_written_and_malformed_imports_are_left_alone() {
         |_| true,
     )
     .await;
-    // An export with the malformed import's name: the agent does not overwrite it.
+    // An export with the malformed import's name: the agent does not overwrite it, neither
+    // when the export appears nor on a full resync; nor does it delete what it did not create.
     create_service(set.client(0), NS, &hello_service("manual")).await;
     export(set.client(0), NS, "manual", None).await;
     wait_import(set.client(1), NS, "manual", "import in west", |_| true).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let still = dynamic.get("manual").await.unwrap();
-    assert_eq!(
-        still.data["spec"]["sessionAffinity"], "Sticky",
-        "the hand-written import was not touched"
-    );
-    assert!(still.metadata.labels.is_none());
-    // Nothing it did not create is deleted.
-    assert!(dynamic.get_opt("handmade").await.unwrap().is_some());
-    // And it says why, as a Warning event on the import it leaves alone.
+    // North's agent says why it leaves the import alone, as a Warning event on it: once
+    // that is there, it has reconciled "manual" with the export.
     let events: Api<k8s_openapi::api::events::v1::Event> =
         Api::namespaced(set.client(2).clone(), NS);
     support::wait_for("ForeignServiceImport event", IMPORT_TIMEOUT, || async {
@@ -386,6 +511,33 @@ async fn hand_written_and_malformed_imports_are_left_alone() {
         })
     })
     .await;
+    // A full resync (what the periodic one does) leaves them alone too. And at no point did
+    // the agent send a write for either, not even a no-op one (its Warning events are its
+    // only writes about them).
+    set.resync(2).await;
+    manual_watch
+        .assert_unmodified("the agent touched the hand-written import")
+        .await;
+    handmade_watch
+        .assert_unmodified("the agent touched an import it did not create")
+        .await;
+    let foreign = |path: &str| {
+        ["manual", "handmade"].iter().any(|name| {
+            let object = format!("/serviceimports/{name}");
+            path.ends_with(&object) || path.ends_with(&format!("{object}/status"))
+        })
+    };
+    let writes: Vec<_> = set
+        .agent_requests(2)
+        .snapshot()
+        .into_iter()
+        .filter(|r| r.is_write() && foreign(&r.path))
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    assert!(
+        writes.is_empty(),
+        "the agent wrote ServiceImports it did not create: {writes:#?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

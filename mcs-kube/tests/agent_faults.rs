@@ -53,7 +53,6 @@ use mcs_kube::agent::desired::{
 };
 use mcs_kube::agent::{Agent, AgentConfig, Member};
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -1082,24 +1081,11 @@ async fn a_peer_dropped_mid_watch_is_resumed_without_losing_changes() {
 
 /// `POST` to etcd's v3 JSON gateway; returns the JSON answer.
 async fn etcd_post(etcd_url: &str, path: &str, body: &Value) -> Value {
-    let port: u16 = etcd_url.rsplit(':').next().unwrap().parse().unwrap();
-    let body = body.to_string();
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+    let (status, body) = support::http_post_json(&format!("{etcd_url}{path}"), body)
         .await
-        .unwrap();
-    // HTTP/1.0: the answer is delimited by the connection closing (never chunked).
-    let request = format!(
-        "POST {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(request.as_bytes()).await.unwrap();
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).await.unwrap();
-    let text = String::from_utf8_lossy(&buf);
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    assert!(head.contains(" 200 "), "etcd {path}: {head}\n{body}");
-    serde_json::from_str(body).unwrap_or_else(|e| panic!("etcd {path}: {e}: {body}"))
+        .unwrap_or_else(|e| panic!("etcd: {e}"));
+    assert!(status.is_success(), "etcd {path}: {status}\n{body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("etcd {path}: {e}: {body}"))
 }
 
 /// Compacts etcd (physically) at its current revision; returns that revision.

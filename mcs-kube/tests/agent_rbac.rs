@@ -422,29 +422,10 @@ impl RunningAgent {
 
     /// `GET /readyz` on the agent's admin endpoint: status code and body.
     async fn readyz(&self) -> (u16, String) {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut stream = tokio::net::TcpStream::connect(self.admin)
+        let (status, body) = support::http_get(&format!("http://{}/readyz", self.admin))
             .await
-            .expect("connect to the admin endpoint");
-        stream
-            .write_all(b"GET /readyz HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n")
-            .await
-            .expect("send /readyz");
-        let mut response = String::new();
-        stream
-            .read_to_string(&mut response)
-            .await
-            .expect("read /readyz");
-        let status = response
-            .split(' ')
-            .nth(1)
-            .and_then(|code| code.parse().ok())
-            .unwrap_or_else(|| panic!("not an HTTP response: {response:?}"));
-        let body = response
-            .split_once("\r\n\r\n")
-            .map_or("", |(_, body)| body)
-            .to_owned();
-        (status, body)
+            .unwrap_or_else(|e| panic!("the admin endpoint: {e}"));
+        (status.as_u16(), body)
     }
 
     async fn wait_ready(&self, what: &str) {
@@ -1049,16 +1030,20 @@ async fn the_dns_server_serves_with_exactly_its_shipped_role_and_servfails_witho
     let name = format!("hello.{NS}.svc.clusterset.local.");
 
     // No binding: the watches are refused, the server stays unsynced and answers SERVFAIL
-    // (never a wrong NXDOMAIN), and its log says who may not list what.
+    // (never a wrong NXDOMAIN), and its log says who may not list what. Its requests are
+    // recorded on its own client, so what it asked is known without any shared log.
     let server = DnsServer::bind(DnsConfig::default().listen("127.0.0.1:0".parse().unwrap()))
         .await
         .unwrap();
     let addr = server.local_addr();
     let synced = server.synced();
+    let requests = support::RequestLog::new();
     let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(server.run(client.clone(), async move {
-        let _ = stopped.await;
-    }));
+    let task = tokio::spawn(
+        server.run(support::recorded(&client, &requests), async move {
+            let _ = stopped.await;
+        }),
+    );
     let refused = [
         "watch error",
         user.as_str(),
@@ -1069,18 +1054,67 @@ async fn the_dns_server_serves_with_exactly_its_shipped_role_and_servfails_witho
         (!log_lines(&refused).is_empty()).then_some(())
     })
     .await;
-    let errors_before = log_lines(&["watch error", &user]).len();
-    let hold = Instant::now();
-    while hold.elapsed() < Duration::from_secs(3) {
+    // After every refusal, until each watch was refused REFUSALS times: still SERVFAIL, still
+    // not synced, still running.
+    const REFUSALS: usize = 4;
+    const WATCHED: [&str; 3] = ["namespaces", "serviceimports", "endpointslices"];
+    let refusals = |log: &[support::Recorded], resource: &str| -> Vec<support::Recorded> {
+        log.iter()
+            .filter(|r| r.is_list_of(resource))
+            .inspect(|r| {
+                assert_eq!(
+                    r.status,
+                    Some(http::StatusCode::FORBIDDEN),
+                    "a list without a binding: {r:?}"
+                )
+            })
+            .cloned()
+            .collect()
+    };
+    let mut answered = 0;
+    let log = loop {
+        let log = requests
+            .wait_until("another answer to the DNS server", SETTLE, |log| {
+                (log.len() > answered).then(|| log.to_vec())
+            })
+            .await;
+        answered = log.len();
         assert_eq!(rcode(addr, &name).await, ResponseCode::ServFail);
         assert!(!synced.load(Ordering::Acquire), "synced without access");
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert!(!task.is_finished(), "the DNS server must keep running");
+        if WATCHED
+            .iter()
+            .all(|resource| refusals(&log, resource).len() >= REFUSALS)
+        {
+            break log;
+        }
+    };
+    // The refused watches back off instead of hammering the API server: between a refusal
+    // and the next attempt of the same watch the server waits, longer in total than the API
+    // server took to answer those attempts. (Without a backoff the next attempt follows at
+    // once, and the waits are a tiny fraction of the answers' round trips.) Durations are
+    // compared with each other, so a slow machine does not change the outcome.
+    let (mut waiting, mut answering) = (Duration::ZERO, Duration::ZERO);
+    for resource in WATCHED {
+        let attempts = refusals(&log, resource);
+        for pair in attempts.windows(2) {
+            assert!(
+                pair[1].sent >= pair[0].answered,
+                "two lists of {resource} at once"
+            );
+            waiting += pair[1].sent.duration_since(pair[0].answered);
+            answering += pair[0].answered.duration_since(pair[0].sent);
+        }
     }
-    // The refused watches back off instead of hammering the API server.
-    let errors = log_lines(&["watch error", &user]).len() - errors_before;
-    eprintln!("[agent_rbac] DNS watch errors logged in 3 s without a binding: {errors}");
-    assert!(errors <= 30, "{errors} watch errors in 3 s: no backoff");
-    assert!(!task.is_finished(), "the DNS server must keep running");
+    eprintln!(
+        "[agent_rbac] DNS server without a binding: {waiting:?} waiting between refused lists, \
+         {answering:?} waiting for the refusals"
+    );
+    assert!(
+        waiting > answering,
+        "the DNS server retries refused lists without backing off: {waiting:?} between \
+         attempts, {answering:?} in the attempts"
+    );
 
     // The shipped role: it syncs by itself and answers.
     apply_manifest(&admin, DNS_RBAC, &[]).await;

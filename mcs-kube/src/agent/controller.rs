@@ -27,7 +27,7 @@ use super::desired::{
 use super::index::{Key, Store, key_of, own_key};
 use super::reconcile::{self, Observed, ServiceInputs};
 use super::writer::Writer;
-use super::{AgentConfig, AgentError, AgentHealth, AgentMetrics};
+use super::{AgentConfig, AgentError, AgentHealth, AgentMetrics, ResyncRequests};
 
 /// One member's watched state.
 struct MemberState {
@@ -113,6 +113,7 @@ pub(super) async fn run(
     ready: Arc<AtomicBool>,
     health: AgentHealth,
     metrics: AgentMetrics,
+    mut resync: ResyncRequests,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), AgentError> {
     let local_index = config
@@ -219,6 +220,8 @@ pub(super) async fn run(
     let mut forbidden: BTreeMap<Key, String> = BTreeMap::new();
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     let mut last_resync = Instant::now();
+    // A requested resync (`ResyncHandle`) whose pass has not completed yet.
+    let mut resync_pending: Option<u64> = None;
     let mut shutdown = std::pin::pin!(shutdown);
 
     loop {
@@ -231,6 +234,10 @@ pub(super) async fn run(
                 while let Ok(msg) = rx.try_recv() {
                     handle(&mut members, &mut local, msg, &mut dirty);
                 }
+            }
+            Ok(()) = resync.requests.changed() => {
+                resync_pending = Some(*resync.requests.borrow_and_update());
+                mark_all_dirty(&members, &local, &mut dirty);
             }
             _ = tick.tick() => {
                 let now = Instant::now();
@@ -249,11 +256,7 @@ pub(super) async fn run(
                 dirty.extend(due);
                 if now.duration_since(last_resync) >= config.resync {
                     last_resync = now;
-                    for m in &members {
-                        dirty.extend(all_services(m));
-                    }
-                    dirty.extend(local.imports.services().cloned());
-                    dirty.extend(local.imported.services().cloned());
+                    mark_all_dirty(&members, &local, &mut dirty);
                 }
             }
         }
@@ -265,6 +268,10 @@ pub(super) async fn run(
         if !synced || dirty.is_empty() {
             let reason = not_ready_reason(&members, local_index, &local, &forbidden, synced);
             report_health(&config.local, &ready, &health, reason);
+            if synced && let Some(id) = resync_pending.take() {
+                // Nothing to reconcile: the requested pass is trivially complete.
+                resync.completed.send_replace(id);
+            }
             continue;
         }
         let keys = std::mem::take(&mut dirty);
@@ -279,6 +286,13 @@ pub(super) async fn run(
             metrics.reconciles.inc();
             match writer.execute(&service, plan).await {
                 Ok(()) => {
+                    retry.remove(&key);
+                    forbidden.remove(&key);
+                }
+                Err(e) if e.is_namespace_terminating() => {
+                    // The namespace started terminating before its watch said so: nothing
+                    // is to be written there any more (the next plan for it is empty).
+                    tracing::debug!(service = %service, error = %e, "namespace is being terminated; not writing into it");
                     retry.remove(&key);
                     forbidden.remove(&key);
                 }
@@ -313,6 +327,10 @@ pub(super) async fn run(
         );
         let reason = not_ready_reason(&members, local_index, &local, &forbidden, synced);
         report_health(&config.local, &ready, &health, reason);
+        if let Some(id) = resync_pending.take() {
+            // Every service dirty when the resync was requested was reconciled just now.
+            resync.completed.send_replace(id);
+        }
     }
     tasks.abort_all();
     Ok(())
@@ -648,6 +666,15 @@ fn report_health(
     }
 }
 
+/// Marks every service the agent knows of for reconciliation (a full resync).
+fn mark_all_dirty(members: &[MemberState], local: &LocalState, dirty: &mut BTreeSet<Key>) {
+    for m in members {
+        dirty.extend(all_services(m));
+    }
+    dirty.extend(local.imports.services().cloned());
+    dirty.extend(local.imported.services().cloned());
+}
+
 fn all_services(m: &MemberState) -> BTreeSet<Key> {
     m.exports
         .services()
@@ -739,13 +766,12 @@ fn inputs_for<'a>(
                 .collect::<Vec<_>>()
         })
         .unwrap_or_default();
+    let namespace = local.namespaces.get(&(String::new(), key.0.clone()));
     ServiceInputs {
         service: service.clone(),
         local: config.local.clone(),
-        namespace_exists: local
-            .namespaces
-            .get(&(String::new(), key.0.clone()))
-            .is_some(),
+        namespace_exists: namespace.is_some(),
+        namespace_terminating: namespace.is_some_and(is_terminating),
         namespace_allowed: config.namespace_allowed(&key.0),
         outcome: merge.outcome(service),
         sources,
@@ -760,6 +786,17 @@ fn inputs_for<'a>(
         local_service_error,
         now_hint: now,
     }
+}
+
+/// Whether a namespace is being deleted (its content is being removed; the API server
+/// refuses new objects in it).
+fn is_terminating(namespace: &Namespace) -> bool {
+    namespace.metadata.deletion_timestamp.is_some()
+        || namespace
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref())
+            .is_some_and(|phase| phase == "Terminating")
 }
 
 fn is_ours(labels: &Option<BTreeMap<String, String>>) -> bool {

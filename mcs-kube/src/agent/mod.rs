@@ -16,7 +16,9 @@
 //! - the `Valid`, `Ready` and `Conflict` conditions of its own ServiceExports.
 //!
 //! Writes are server-side applies with one field manager and are skipped when nothing
-//! changed, so the agent never loops on its own writes. It deletes only objects it labelled
+//! changed, so the agent never loops on its own writes. Nothing is written into a namespace
+//! that is being terminated; the API server's refusal to create there (HTTP 403, cause
+//! `NamespaceTerminating`) is that expected state, not a missing permission. It deletes only objects it labelled
 //! as its own. A member whose watches fail keeps its endpoints for a grace period (default
 //! 60 s); then they are removed and the import's `Ready` condition says so; when the member
 //! answers again, state converges without a restart.
@@ -36,9 +38,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mcs_core::ClusterId;
+use mcs_core::api::{CLUSTER_ID_PROPERTY, v1beta1::ClusterProperty};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use tokio::sync::watch;
 
 pub use writer::WriteError;
 
@@ -129,13 +133,93 @@ impl AgentConfig {
     }
 }
 
-/// Why the agent stopped.
+/// Why the agent stopped, or why a request to it failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum AgentError {
     /// The configuration is inconsistent.
     #[error("invalid agent configuration: {0}")]
     Config(String),
+    /// A resync was requested from an agent that has stopped running.
+    #[error("cannot resync: the agent is not running")]
+    NotRunning,
+    /// The local cluster has no ClusterProperty `cluster.clusterset.k8s.io` to take the
+    /// cluster id from.
+    #[error(
+        "the local cluster has no ClusterProperty {CLUSTER_ID_PROPERTY}: create it with this cluster's id as spec.value, or pass the id explicitly"
+    )]
+    ClusterIdMissing,
+    /// The ClusterProperty `cluster.clusterset.k8s.io` could not be read.
+    #[error("cannot read ClusterProperty {CLUSTER_ID_PROPERTY} of the local cluster: {source}")]
+    ClusterIdUnreadable {
+        /// The API server's answer or the transport failure.
+        #[source]
+        source: kube::Error,
+    },
+    /// The ClusterProperty `cluster.clusterset.k8s.io` holds a value that is not a cluster id.
+    #[error(
+        "ClusterProperty {CLUSTER_ID_PROPERTY} of the local cluster is not a usable cluster id: {source}"
+    )]
+    ClusterIdInvalid {
+        /// Why the value is not a cluster id (it names the value).
+        #[source]
+        source: mcs_core::cluster::ClusterIdError,
+    },
+}
+
+/// This cluster's id, from its ClusterProperty `cluster.clusterset.k8s.io` (KEP-2149):
+/// `client` reaches the cluster the agent runs in. A missing property, one that cannot be
+/// read, and a value that is not a cluster id (one RFC-1123 label) are errors that say so.
+pub async fn local_cluster_id(client: &kube::Client) -> Result<ClusterId, AgentError> {
+    let properties: kube::Api<ClusterProperty> = kube::Api::all(client.clone());
+    let property = properties
+        .get_opt(CLUSTER_ID_PROPERTY)
+        .await
+        .map_err(|source| AgentError::ClusterIdUnreadable { source })?
+        .ok_or(AgentError::ClusterIdMissing)?;
+    ClusterId::new(property.spec.value).map_err(|source| AgentError::ClusterIdInvalid { source })
+}
+
+/// Forces full resyncs of a running agent and says when each has completed
+/// ([`Agent::resync_handle`]). Cheap to clone.
+///
+/// A full resync is what the periodic resync ([`AgentConfig::resync`]) does: every service
+/// the agent knows of is reconciled once, with writes skipped where nothing changed. Tests
+/// use it to check, without waiting for the period, that a converged agent writes nothing.
+#[derive(Clone, Debug)]
+pub struct ResyncHandle {
+    /// The number of the latest requested resync.
+    requested: Arc<watch::Sender<u64>>,
+    /// The number of the latest requested resync whose pass has completed.
+    completed: watch::Receiver<u64>,
+}
+
+impl ResyncHandle {
+    /// Requests a full resync and waits until its pass has completed: every known service
+    /// was reconciled once after the request (its writes, if any, were answered). Fails
+    /// with [`AgentError::NotRunning`] if the agent stops first.
+    pub async fn resync(&self) -> Result<(), AgentError> {
+        let mut id = 0;
+        self.requested.send_modify(|n| {
+            *n += 1;
+            id = *n;
+        });
+        let mut completed = self.completed.clone();
+        completed
+            .wait_for(|done| *done >= id)
+            .await
+            .map(|_| ())
+            .map_err(|_| AgentError::NotRunning)
+    }
+}
+
+/// The agent's side of [`ResyncHandle`]: requests in, completed passes out.
+#[derive(Debug)]
+struct ResyncRequests {
+    /// Kept so that `requests` never reports a closed channel while the agent runs.
+    _sender: Arc<watch::Sender<u64>>,
+    requests: watch::Receiver<u64>,
+    completed: watch::Sender<u64>,
 }
 
 /// The agent's Prometheus metrics.
@@ -186,7 +270,8 @@ impl AgentMetrics {
 /// Why the agent is not ready, for readiness endpoints, logs and tests.
 ///
 /// The agent is not ready until every watch has listed, and while its own cluster refuses
-/// it something (HTTP 403): a write it must make or a watch it needs. The reason then
+/// it something (HTTP 403): a write it must make or a watch it needs. A namespace being
+/// terminated refuses new objects to everyone; that does not count. The reason then
 /// quotes the API server, which names the user, the verb and the resource, e.g.
 /// `cannot patch resource "serviceexports/status"`.
 #[derive(Clone, Debug, Default)]
@@ -234,17 +319,36 @@ pub struct Agent {
     ready: Arc<AtomicBool>,
     health: AgentHealth,
     metrics: AgentMetrics,
+    resync: ResyncRequests,
+    resync_handle: ResyncHandle,
 }
 
 impl Agent {
     /// An agent with these settings.
     pub fn new(config: AgentConfig) -> Self {
+        let (requested, requests) = watch::channel(0);
+        let requested = Arc::new(requested);
+        let (completed, completed_rx) = watch::channel(0);
         Self {
             config,
             ready: Arc::new(AtomicBool::new(false)),
             health: AgentHealth::default(),
             metrics: AgentMetrics::default(),
+            resync: ResyncRequests {
+                _sender: Arc::clone(&requested),
+                requests,
+                completed,
+            },
+            resync_handle: ResyncHandle {
+                requested,
+                completed: completed_rx,
+            },
         }
+    }
+
+    /// A handle that forces full resyncs and waits for them (see [`ResyncHandle`]).
+    pub fn resync_handle(&self) -> ResyncHandle {
+        self.resync_handle.clone()
     }
 
     /// True once every watch has listed and the first reconcile ran, and while the agent's
@@ -273,6 +377,14 @@ impl Agent {
 
     /// Runs until `shutdown` completes.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
-        controller::run(self.config, self.ready, self.health, self.metrics, shutdown).await
+        controller::run(
+            self.config,
+            self.ready,
+            self.health,
+            self.metrics,
+            self.resync,
+            shutdown,
+        )
+        .await
     }
 }

@@ -44,6 +44,9 @@ pub struct ServiceInputs<'a> {
     pub local: ClusterId,
     /// Whether the namespace exists in the agent's cluster.
     pub namespace_exists: bool,
+    /// Whether that namespace is being deleted (`deletionTimestamp` set, phase
+    /// `Terminating`): nothing is written into it.
+    pub namespace_terminating: bool,
     /// Whether the namespace may be exported (allow-list).
     pub namespace_allowed: bool,
     /// The merge outcome (None: no export anywhere).
@@ -106,6 +109,11 @@ pub fn plan(inputs: &ServiceInputs<'_>) -> Plan {
 
 /// [`plan`] with the time passed in.
 pub fn plan_at(inputs: &ServiceInputs<'_>, wall: &Time) -> Plan {
+    if inputs.namespace_terminating {
+        // The API server refuses new objects there, and the namespace controller removes
+        // the agent's objects with everything else: an expected state with nothing to do.
+        return Plan::default();
+    }
     let mut plan = Plan {
         export_conditions: export_conditions(inputs, wall),
         ..Plan::default()

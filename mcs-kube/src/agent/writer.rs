@@ -25,9 +25,17 @@ pub struct WriteError {
 
 impl WriteError {
     /// Whether the API server refused the write for lack of permission (HTTP 403): a
-    /// missing RBAC rule, which retrying does not fix.
+    /// missing RBAC rule, which retrying does not fix. A namespace being terminated is not
+    /// that ([`WriteError::is_namespace_terminating`]).
     pub fn is_forbidden(&self) -> bool {
         forbidden(&self.source)
+    }
+
+    /// Whether the API server refused to create the object because its namespace is being
+    /// terminated (HTTP 403 with the cause `NamespaceTerminating`): an expected state, not
+    /// a missing permission.
+    pub fn is_namespace_terminating(&self) -> bool {
+        namespace_terminating(&self.source)
     }
 }
 
@@ -80,6 +88,9 @@ impl Writer {
             };
             match self.recorder.publish(&event, &reference).await {
                 Ok(()) => {}
+                Err(e) if namespace_terminating(&e) => {
+                    tracing::debug!(service = %service, "namespace is being terminated; no event");
+                }
                 // Events are optional, but a missing permission should be seen.
                 Err(e) if forbidden(&e) => {
                     tracing::warn!(service = %service, error = %e, "not allowed to record events");
@@ -234,11 +245,68 @@ fn describe(e: &kube::Error) -> String {
     }
 }
 
-/// Whether the API server refused a request for lack of permission (HTTP 403).
+/// Whether the API server refused a request for lack of permission (HTTP 403), not
+/// because the namespace is being terminated.
 pub(super) fn forbidden(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(status) if status.is_forbidden())
+    matches!(e, kube::Error::Api(status) if status.is_forbidden()) && !namespace_terminating(e)
+}
+
+/// The cause the API server gives when it refuses to create an object in a namespace that is
+/// being terminated (`NamespaceTerminatingCause` of `k8s.io/api/core/v1`).
+const NAMESPACE_TERMINATING: &str = "NamespaceTerminating";
+
+/// Whether the API server refused a request because the namespace is being terminated:
+/// HTTP 403 ("unable to create new content in namespace ... because it is being
+/// terminated") with the cause `NamespaceTerminating`.
+fn namespace_terminating(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(status)
+        if status.is_forbidden()
+            && status
+                .details
+                .as_ref()
+                .is_some_and(|d| d.causes.iter().any(|c| c.reason == NAMESPACE_TERMINATING)))
 }
 
 fn not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(status) if status.code == 404)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A 403 as the API server's NamespaceLifecycle admission answers it (the body as the
+    /// API server sends it; agent_convergence.rs checks the real one has this cause).
+    fn refused(body: serde_json::Value) -> kube::Error {
+        kube::Error::Api(serde_json::from_value(body).expect("a Status"))
+    }
+
+    #[test]
+    fn a_terminating_namespace_is_not_a_missing_permission() {
+        let terminating = refused(json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "serviceimports.multicluster.x-k8s.io \"a\" is forbidden: unable to create new content in namespace ns because it is being terminated",
+            "reason": "Forbidden",
+            "details": {
+                "name": "a", "group": "multicluster.x-k8s.io", "kind": "serviceimports",
+                "causes": [{
+                    "reason": "NamespaceTerminating",
+                    "message": "namespace ns is being terminated",
+                    "field": "metadata.namespace"
+                }]
+            },
+            "code": 403
+        }));
+        assert!(namespace_terminating(&terminating));
+        assert!(!forbidden(&terminating));
+        let rbac = refused(json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "serviceimports.multicluster.x-k8s.io \"a\" is forbidden: User \"u\" cannot patch resource \"serviceimports\" in API group \"multicluster.x-k8s.io\" in the namespace \"ns\"",
+            "reason": "Forbidden",
+            "details": { "name": "a", "group": "multicluster.x-k8s.io", "kind": "serviceimports" },
+            "code": 403
+        }));
+        assert!(forbidden(&rbac));
+        assert!(!namespace_terminating(&rbac));
+    }
 }

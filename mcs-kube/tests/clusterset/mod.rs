@@ -16,11 +16,12 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use mcs_core::ClusterId;
 use mcs_core::api::{ServiceExportSpec, v1beta1::ServiceExport, v1beta1::ServiceImport};
-use mcs_kube::agent::{Agent, AgentConfig, Member};
-use tokio::sync::oneshot;
+use mcs_kube::admin::Readiness;
+use mcs_kube::agent::{Agent, AgentConfig, AgentMetrics, AgentReadiness, Member, ResyncHandle};
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use super::support::{self, ClusterOptions, TestCluster};
+use super::support::{self, ClusterOptions, RequestLog, TestCluster};
 
 /// The conformance budget for imports and conditions.
 pub const IMPORT_TIMEOUT: Duration = Duration::from_secs(20);
@@ -29,11 +30,22 @@ pub const SLICE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long "must not exist" / "must stay" checks watch.
 pub const HOLD: Duration = Duration::from_secs(5);
 
+/// One in-process agent: how to stop it, how to force its resync, and what it asked its
+/// own cluster.
+struct RunningAgent {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<()>,
+    resync: ResyncHandle,
+    requests: RequestLog,
+    readiness: AgentReadiness,
+    metrics: AgentMetrics,
+}
+
 pub struct ClusterSet {
     pub clusters: Vec<TestCluster>,
     pub clients: Vec<Client>,
     pub ids: Vec<ClusterId>,
-    agents: Vec<Option<(oneshot::Sender<()>, JoinHandle<()>)>>,
+    agents: Vec<Option<RunningAgent>>,
     grace: Duration,
     configure: fn(AgentConfig) -> AgentConfig,
 }
@@ -117,15 +129,20 @@ impl ClusterSet {
             .collect()
     }
 
-    fn spawn_agent(&self, i: usize) -> (oneshot::Sender<()>, JoinHandle<()>) {
-        let members = self.members();
+    fn spawn_agent(&self, i: usize) -> RunningAgent {
+        let mut members = self.members();
+        // Its own cluster through a recording client, so tests can check what it wrote.
+        let requests = RequestLog::new();
+        members[i].client = support::recorded(&members[i].client, &requests);
         let config = AgentConfig::new(self.ids[i].clone(), members)
             .unreachable_grace(self.grace)
             .resync(Duration::from_secs(30))
             .probe_interval(Duration::from_secs(1));
         let agent = Agent::new((self.configure)(config));
+        let resync = agent.resync_handle();
+        let (readiness, metrics) = (agent.readiness(), agent.metrics());
         let (stop, stopped) = oneshot::channel::<()>();
-        let handle = tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             agent
                 .run(async move {
                     let _ = stopped.await;
@@ -133,14 +150,59 @@ impl ClusterSet {
                 .await
                 .expect("agent failed");
         });
-        (stop, handle)
+        RunningAgent {
+            stop,
+            task,
+            resync,
+            requests,
+            readiness,
+            metrics,
+        }
+    }
+
+    fn running(&self, i: usize) -> &RunningAgent {
+        self.agents[i]
+            .as_ref()
+            .unwrap_or_else(|| panic!("no agent running in cluster {}", self.ids[i]))
+    }
+
+    /// The readiness of cluster `i`'s running agent as its `/readyz` reports it: `Ok`, or
+    /// why it is not ready.
+    pub fn agent_readiness(&self, i: usize) -> Result<(), String> {
+        self.running(i).readiness.check()
+    }
+
+    /// The metrics of cluster `i`'s running agent.
+    pub fn agent_metrics(&self, i: usize) -> AgentMetrics {
+        self.running(i).metrics.clone()
+    }
+
+    /// The requests the running agent of cluster `i` sent to its own cluster (reads and
+    /// writes; not those to its peers). Panics if the agent is not running.
+    pub fn agent_requests(&self, i: usize) -> RequestLog {
+        self.running(i).requests.clone()
     }
 
     /// Stops the agent of cluster `i` (its objects stay).
     pub async fn stop_agent(&mut self, i: usize) {
-        if let Some((stop, handle)) = self.agents[i].take() {
-            let _ = stop.send(());
-            handle.await.expect("agent task panicked");
+        if let Some(agent) = self.agents[i].take() {
+            let _ = agent.stop.send(());
+            agent.task.await.expect("agent task panicked");
+        }
+    }
+
+    /// Forces a full resync of cluster `i`'s agent (as its periodic resync would) and waits
+    /// until the pass has completed: every service it knows of was reconciled once, and the
+    /// writes it decided on were answered. Panics if the agent is not running.
+    pub async fn resync(&self, i: usize) {
+        let agent = self.running(i);
+        match tokio::time::timeout(IMPORT_TIMEOUT, agent.resync.resync()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => panic!("resync of the agent of {}: {e}", self.ids[i]),
+            Err(_) => panic!(
+                "the agent of {} did not complete a resync in {IMPORT_TIMEOUT:?}",
+                self.ids[i]
+            ),
         }
     }
 
@@ -165,9 +227,9 @@ impl ClusterSet {
 
 impl Drop for ClusterSet {
     fn drop(&mut self) {
-        for (stop, handle) in self.agents.iter_mut().filter_map(Option::take) {
-            let _ = stop.send(());
-            handle.abort();
+        for agent in self.agents.iter_mut().filter_map(Option::take) {
+            let _ = agent.stop.send(());
+            agent.task.abort();
         }
     }
 }
@@ -387,4 +449,119 @@ pub async fn mcs_slices(client: &Client, ns: &str, name: &str) -> Vec<EndpointSl
 /// creation timestamps (1 s resolution) differ.
 pub async fn conformance_pause() {
     tokio::time::sleep(Duration::from_millis(1100)).await;
+}
+
+/// A watch on one object, opened at its current version: every later change to it (an
+/// update, even one that restores the same content, or a deletion) arrives as an event.
+pub struct ObjectWatch<K> {
+    api: Api<K>,
+    name: String,
+    opened_at: String,
+    events: mpsc::UnboundedReceiver<String>,
+    task: JoinHandle<()>,
+}
+
+impl<K> ObjectWatch<K>
+where
+    K: kube::Resource
+        + Clone
+        + std::fmt::Debug
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + Send
+        + 'static,
+{
+    /// Opens the watch on the object `name` (which must exist) at its current version.
+    pub async fn open(api: &Api<K>, name: &str) -> Self {
+        let current = api
+            .get(name)
+            .await
+            .unwrap_or_else(|e| panic!("get {name} to watch it: {e}"));
+        Self::since(api, &current).await
+    }
+
+    /// Opens the watch at the version of `object` as the API server returned it (from a
+    /// create, say), so that no change after that write is missed.
+    pub async fn since(api: &Api<K>, object: &K) -> Self {
+        let name = object.meta().name.clone().expect("a named object");
+        let name = name.as_str();
+        let opened_at = object
+            .meta()
+            .resource_version
+            .clone()
+            .expect("an object returned by the API server has a resourceVersion");
+        let params = kube::api::WatchParams::default().fields(&format!("metadata.name={name}"));
+        let stream = api
+            .watch(&params, &opened_at)
+            .await
+            .unwrap_or_else(|e| panic!("watch {name}: {e}"));
+        let (tx, events) = mpsc::unbounded_channel();
+        let task = tokio::spawn(async move {
+            use futures::StreamExt;
+            let mut stream = std::pin::pin!(stream);
+            while let Some(event) = stream.next().await {
+                let seen = match event {
+                    Ok(kube::api::WatchEvent::Bookmark(_)) => continue,
+                    Ok(kube::api::WatchEvent::Added(o)) => format!("added: {}", brief(&o)),
+                    Ok(kube::api::WatchEvent::Modified(o)) => format!("modified: {}", brief(&o)),
+                    Ok(kube::api::WatchEvent::Deleted(o)) => format!("deleted: {}", brief(&o)),
+                    Ok(kube::api::WatchEvent::Error(e)) => format!("watch error: {e:?}"),
+                    Err(e) => format!("watch failed: {e}"),
+                };
+                if tx.send(seen).is_err() {
+                    return;
+                }
+            }
+        });
+        Self {
+            api: api.clone(),
+            name: name.to_owned(),
+            opened_at,
+            events,
+            task,
+        }
+    }
+
+    /// Asserts the object was not changed since the watch opened. Call it after the event
+    /// the check is about (a completed resync): its writes were answered by then, so a read
+    /// now sees them, and the watch delivers each of them, which the failure lists.
+    pub async fn assert_unmodified(mut self, what: &str) {
+        let now = self
+            .api
+            .get_opt(&self.name)
+            .await
+            .unwrap_or_else(|e| panic!("get {}: {e}", self.name))
+            .and_then(|o| o.meta().resource_version.clone());
+        let mut seen = Vec::new();
+        if now.as_deref() != Some(self.opened_at.as_str()) {
+            // Changed: collect what the watch saw (at least one event is on its way).
+            seen.push(
+                tokio::time::timeout(IMPORT_TIMEOUT, self.events.recv())
+                    .await
+                    .ok()
+                    .flatten()
+                    .unwrap_or_else(|| "(the watch delivered no event)".to_owned()),
+            );
+        }
+        while let Ok(event) = self.events.try_recv() {
+            seen.push(event);
+        }
+        self.task.abort();
+        assert!(
+            seen.is_empty(),
+            "{what}: {} changed from resourceVersion {} to {now:?}; the watch saw:\n{}",
+            self.name,
+            self.opened_at,
+            seen.join("\n")
+        );
+    }
+}
+
+/// An object as JSON without its managedFields, for failure messages.
+fn brief(object: &impl serde::Serialize) -> String {
+    let mut value = serde_json::to_value(object).unwrap_or_default();
+    if let Some(meta) = value.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+        meta.remove("managedFields");
+    }
+    value.to_string()
 }

@@ -16,7 +16,7 @@ use prometheus_client::registry::Registry;
 
 /// The clusterset.local DNS server of mcs.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(version)]
 struct Args {
     /// The ClusterSet zone.
     #[arg(long, env = "MCS_DNS_ZONE", default_value = "clusterset.local")]
@@ -48,7 +48,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    admin::main(run(Args::parse())).await
+    mcs_cli::main(run(Args::parse())).await
 }
 
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {

@@ -7,9 +7,11 @@
 //!   --member north=/etc/mcs/north.kubeconfig
 //! ```
 //!
-//! Without `--cluster-id` the id is read from the local cluster's
-//! `cluster.clusterset.k8s.io` ClusterProperty. A member without a kubeconfig path
-//! (`--member east`) uses the in-cluster or default configuration.
+//! The local cluster is the one the agent runs in, reached with the in-cluster (or default
+//! kubeconfig) configuration; a member without a kubeconfig path (`--member east`) is
+//! reached the same way. Without `--cluster-id` the agent's id is read from the local
+//! cluster's `cluster.clusterset.k8s.io` ClusterProperty (and must be one of the members);
+//! `--cluster-id` overrides it.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -18,19 +20,19 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::Parser;
-use kube::api::Api;
 use mcs_core::ClusterId;
-use mcs_core::api::{CLUSTER_ID_PROPERTY, v1beta1::ClusterProperty};
+use mcs_core::api::CLUSTER_ID_PROPERTY;
 use mcs_kube::admin;
-use mcs_kube::agent::{Agent, AgentConfig, Member};
+use mcs_kube::agent::{Agent, AgentConfig, Member, local_cluster_id};
 use prometheus_client::registry::Registry;
 
 /// The MCS agent: merges every member's ServiceExports and writes ServiceImports,
 /// EndpointSlices, derived Services and export conditions into its own cluster.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(version)]
 struct Args {
-    /// This cluster's id (default: the `cluster.clusterset.k8s.io` ClusterProperty).
+    /// This cluster's id (default: the local cluster's `cluster.clusterset.k8s.io`
+    /// ClusterProperty).
     #[arg(long, env = "MCS_CLUSTER_ID")]
     cluster_id: Option<String>,
     /// A member as `ID=KUBECONFIG[@CONTEXT]` (or just `ID` for the in-cluster config).
@@ -53,7 +55,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    admin::main(run(Args::parse())).await
+    mcs_cli::main(run(Args::parse())).await
 }
 
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
@@ -76,18 +78,20 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         members.push(Member { id, client });
     }
     let local = match &args.cluster_id {
-        Some(id) => ClusterId::new(id.as_str())?,
+        Some(id) => ClusterId::new(id.as_str()).map_err(|e| format!("--cluster-id: {e}"))?,
         None => {
-            let first = members.first().ok_or("no --member given")?;
-            let properties: Api<ClusterProperty> = Api::all(first.client.clone());
-            let property = properties.get(CLUSTER_ID_PROPERTY).await.map_err(|e| {
-                format!(
-                    "no --cluster-id and cannot read ClusterProperty {CLUSTER_ID_PROPERTY}: {e}"
+            // The cluster the agent runs in, whatever the order of the --member flags.
+            let client = admin::kube_client(None, None)
+                .await
+                .map_err(|e| format!("no --cluster-id, and the local cluster: {e}"))?;
+            let id = local_cluster_id(&client).await?;
+            if !members.iter().any(|m| m.id == id) {
+                return Err(format!(
+                    "the local cluster's ClusterProperty {CLUSTER_ID_PROPERTY} says {id}, which no --member names"
                 )
-            })?;
-            ClusterId::new(property.spec.value.as_str()).map_err(|e| {
-                format!("ClusterProperty {CLUSTER_ID_PROPERTY} is not a usable cluster id: {e}")
-            })?
+                .into());
+            }
+            id
         }
     };
     let mut config = AgentConfig::new(local.clone(), members)

@@ -1,6 +1,6 @@
 //! Prints the mcs CRDs (ServiceExport, ServiceImport, ClusterProperty) as one YAML stream.
 //!
-//! `cargo run -p mcs-kube --bin mcs-crds > deploy/crds/mcs-crds.yaml`
+//! `cargo run -p mcs-cli --bin mcs-crds > deploy/crds/mcs-crds.yaml`
 
 use std::io::Write;
 use std::process::ExitCode;

@@ -1,0 +1,46 @@
+//! Where the Kubernetes binaries are.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// Kubernetes versions `scripts/k8s-bins.sh` builds, preferred first.
+pub const K8S_VERSIONS: &[&str] = &["1.35.4", "1.34.4"];
+
+/// The directory holding `etcd`, `kube-apiserver` and `kube-controller-manager`:
+/// `$MCS_K8S_BIN`, else the newest version found in the cache of `scripts/k8s-bins.sh`.
+/// Panics (with instructions) when the binaries are missing.
+pub fn bin_dir() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let need = ["etcd", "kube-apiserver", "kube-controller-manager"];
+        let complete = |d: &Path| need.iter().all(|b| d.join(b).is_file());
+        if let Ok(dir) = std::env::var("MCS_K8S_BIN") {
+            let dir = PathBuf::from(dir);
+            assert!(
+                complete(&dir),
+                "MCS_K8S_BIN={} does not contain {need:?}; run scripts/k8s-bins.sh and \
+                 export MCS_K8S_BIN=$(scripts/k8s-bins.sh | tail -1)",
+                dir.display()
+            );
+            return dir;
+        }
+        let cache = std::env::var_os("MCS_K8S_CACHE")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/mcs-k8s")))
+            .unwrap_or_else(|| PathBuf::from("/root/.cache/mcs-k8s"));
+        for v in K8S_VERSIONS {
+            let dir = cache.join(format!("v{v}")).join("bin");
+            if complete(&dir) {
+                return dir;
+            }
+        }
+        panic!(
+            "kube-apiserver/etcd/kube-controller-manager not found (looked in $MCS_K8S_BIN and \
+             {}/v{{{}}}/bin). Build them once with `scripts/k8s-bins.sh` (10-20 min cold) \
+             from the workspace root, or export MCS_K8S_BIN=$(scripts/k8s-bins.sh | tail -1)",
+            cache.display(),
+            K8S_VERSIONS.join(",")
+        );
+    })
+    .clone()
+}
