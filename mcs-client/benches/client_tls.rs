@@ -87,7 +87,10 @@ fn url() -> String {
 fn layer(servers: &[&TlsServer]) -> McsLayer {
     let resolver = StaticResolver::new();
     resolver.set(&target(), servers.iter().map(|s| s.endpoint()));
-    McsLayer::new(resolver, Locality::cluster(ClusterId::new("north").expect("id")))
+    McsLayer::new(
+        resolver,
+        Locality::cluster(ClusterId::new("north").expect("id")),
+    )
 }
 
 async fn one_request<S>(svc: &S) -> Duration
@@ -120,7 +123,9 @@ fn https_one_endpoint(rt: &tokio::runtime::Runtime, ca: &Ca, server: &TlsServer,
     // The same connector under the layer.
     let http: Http<_, Empty<Bytes>> = Http::with_connector(
         Client::builder(TokioExecutor::new()),
-        move |t: Option<&EndpointTarget>| connector(t.map_or_else(Dial::resolve, EndpointTarget::dial)),
+        move |t: Option<&EndpointTarget>| {
+            connector(t.map_or_else(Dial::resolve, EndpointTarget::dial))
+        },
     );
     let layered = layer(&[server]).layer(http);
     rt.block_on(async {
@@ -218,7 +223,9 @@ fn handshakes(rt: &tokio::runtime::Runtime, ca: &Ca, servers: &[TlsServer], full
 fn grpc_against_tonic(rt: &tokio::runtime::Runtime, ca: &Ca, servers: &[TlsServer], full: bool) {
     // Ours: HTTP/2 over TLS per endpoint, balanced per call.
     let http = Http::<_, tonic::body::Body>::with_connector(
-        Client::builder(TokioExecutor::new()).http2_only(true).clone(),
+        Client::builder(TokioExecutor::new())
+            .http2_only(true)
+            .clone(),
         Tls::new(ca.client_config(None, &[b"h2"])),
     );
     let channel = layer(&servers.iter().collect::<Vec<_>>()).layer(http);
@@ -242,7 +249,8 @@ fn grpc_against_tonic(rt: &tokio::runtime::Runtime, ca: &Ca, servers: &[TlsServe
                 .expect("tls config")
         })
         .collect();
-    let tonic_channel = rt.block_on(async { tonic::transport::Channel::balance_list(endpoints.into_iter()) });
+    let tonic_channel =
+        rt.block_on(async { tonic::transport::Channel::balance_list(endpoints.into_iter()) });
     let theirs = tonic::client::Grpc::new(tonic_channel);
 
     let (rounds, per_caller) = if full { (10, 100) } else { (2, 10) };
@@ -272,11 +280,22 @@ fn grpc_against_tonic(rt: &tokio::runtime::Runtime, ca: &Ca, servers: &[TlsServe
         "\ngRPC over TLS (h2), unary, {CONCURRENCY} concurrent callers, {total} calls each side \
          in {rounds} alternated rounds:"
     );
-    println!("  {:<22} {:>10} {:>10} {:>24}", "", "p50", "p99", "calls per endpoint");
-    for (name, p, s) in [("tonic balance_list", t, &spread[1]), ("mcs layer", o, &spread[0])] {
+    println!(
+        "  {:<22} {:>10} {:>10} {:>24}",
+        "", "p50", "p99", "calls per endpoint"
+    );
+    for (name, p, s) in [
+        ("tonic balance_list", t, &spread[1]),
+        ("mcs layer", o, &spread[0]),
+    ] {
         let mut shares: Vec<usize> = s.values().copied().collect();
         shares.sort_unstable();
-        println!("  {name:<22} {:>10.1?} {:>10.1?} {:>24}", p.0, p.1, format!("{shares:?}"));
+        println!(
+            "  {name:<22} {:>10.1?} {:>10.1?} {:>24}",
+            p.0,
+            p.1,
+            format!("{shares:?}")
+        );
     }
     println!(
         "  layer / tonic: p50 {:.3}, p99 {:.3}",
