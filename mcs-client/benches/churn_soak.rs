@@ -65,7 +65,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -84,7 +84,11 @@ use mcs_core::ClusterId;
 use mcs_core::discovery::{Endpoint, Target};
 use mcs_core::endpoints::{BalancerConfig, Locality, OutlierConfig, Tiering};
 use mcs_core::name::ServiceRef;
-use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+use metrics::{
+    Counter, CounterFn, Gauge, Histogram, Key, KeyName, Label, Metadata, Recorder, SharedString,
+    Unit,
+};
+use metrics_util::registry::{AtomicStorage, Registry};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
@@ -359,97 +363,82 @@ impl Addresses {
 }
 
 // ---------------------------------------------------------------------------------------
-// Metrics: a recorder that keeps every counter and gauge, to read the layer's metrics.
-
-/// A metric's name and its sorted labels.
-type MetricKey = (String, Vec<(String, String)>);
-
-fn metric_key(name: &str, labels: impl Iterator<Item = (String, String)>) -> MetricKey {
-    let mut labels: Vec<(String, String)> = labels.collect();
-    labels.sort();
-    (name.to_owned(), labels)
-}
+// Metrics: the layer's counters and gauges, kept in a metrics-util registry.
 
 /// The ejection counter of one endpoint, which also notes, at every ejection, the time and
 /// the endpoint's failure count then.
 struct EjectionLog {
-    value: Arc<AtomicU64>,
+    count: Arc<AtomicU64>,
     failures: Arc<AtomicU64>,
     log: Mutex<Vec<(Instant, u64)>>,
 }
 
-impl metrics::CounterFn for EjectionLog {
+impl CounterFn for EjectionLog {
     fn increment(&self, value: u64) {
         let failures = self.failures.load(Ordering::Relaxed);
-        self.log
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((Instant::now(), failures));
-        self.value.fetch_add(value, Ordering::Relaxed);
+        lock(&self.log).push((Instant::now(), failures));
+        self.count.increment(value);
     }
 
     fn absolute(&self, value: u64) {
-        self.value.fetch_max(value, Ordering::Relaxed);
+        self.count.absolute(value);
     }
 }
 
-#[derive(Default)]
-struct Store {
-    values: Mutex<BTreeMap<MetricKey, Arc<AtomicU64>>>,
-    ejections: Mutex<BTreeMap<MetricKey, Arc<EjectionLog>>>,
+/// Keeps every counter and gauge the layer registers (labels sorted, so that keys built in
+/// any label order meet), and a log of every endpoint's ejections.
+#[derive(Clone)]
+struct SoakRecorder {
+    registry: Arc<Registry<Key, AtomicStorage>>,
+    ejection_logs: Arc<Mutex<BTreeMap<Key, Arc<EjectionLog>>>>,
 }
 
-#[derive(Clone, Default)]
-struct SoakRecorder(Arc<Store>);
+fn sorted(name: &str, labels: impl Iterator<Item = Label>) -> Key {
+    let mut labels: Vec<Label> = labels.collect();
+    labels.sort();
+    Key::from_parts(name.to_owned(), labels)
+}
+
+/// Whether `key` has every one of `labels`.
+fn has_labels(key: &Key, labels: &[(&str, &str)]) -> bool {
+    labels
+        .iter()
+        .all(|&(k, v)| key.labels().any(|l| l.key() == k && l.value() == v))
+}
 
 impl SoakRecorder {
-    fn value(&self, key: MetricKey) -> Arc<AtomicU64> {
-        let mut values = self.0.values.lock().unwrap_or_else(|e| e.into_inner());
-        Arc::clone(values.entry(key).or_default())
-    }
-
-    fn key_of(key: &Key) -> MetricKey {
-        metric_key(
-            key.name(),
-            key.labels()
-                .map(|l| (l.key().to_owned(), l.value().to_owned())),
-        )
+    fn new() -> Self {
+        Self {
+            registry: Arc::new(Registry::atomic()),
+            ejection_logs: Arc::default(),
+        }
     }
 
     /// The sum of a counter over all label sets that include `labels`; `None` if the
     /// layer never registered it.
     fn counter(&self, name: &str, labels: &[(&str, &str)]) -> Option<u64> {
-        let values = self.0.values.lock().unwrap_or_else(|e| e.into_inner());
         let mut found = None;
-        for ((n, ls), v) in values.iter() {
-            let matches = labels
-                .iter()
-                .all(|(k, want)| ls.iter().any(|(lk, lv)| lk == k && lv == want));
-            if n == name && matches {
-                *found.get_or_insert(0) += v.load(Ordering::Relaxed);
+        self.registry.visit_counters(|key, value| {
+            if key.name() == name && has_labels(key, labels) {
+                *found.get_or_insert(0) += value.load(Ordering::Relaxed);
             }
-        }
+        });
         found
     }
 
     /// How many metric series are registered.
     fn series(&self) -> usize {
-        self.0
-            .values
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .len()
+        let mut series = 0;
+        self.registry.visit_counters(|_, _| series += 1);
+        self.registry.visit_gauges(|_, _| series += 1);
+        series
     }
 
     /// The ejection log of the endpoint whose labels include `labels`.
     fn ejection_log(&self, labels: &[(&str, &str)]) -> Option<Arc<EjectionLog>> {
-        let logs = self.0.ejections.lock().unwrap_or_else(|e| e.into_inner());
-        logs.iter()
-            .find(|((_, ls), _)| {
-                labels
-                    .iter()
-                    .all(|(k, want)| ls.iter().any(|(lk, lv)| lk == k && lv == want))
-            })
+        lock(&self.ejection_logs)
+            .iter()
+            .find(|(key, _)| has_labels(key, labels))
             .map(|(_, log)| Arc::clone(log))
     }
 }
@@ -460,37 +449,38 @@ impl Recorder for SoakRecorder {
     fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
 
     fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-        let mkey = Self::key_of(key);
+        let key = sorted(key.name(), key.labels().cloned());
+        let count = self.registry.get_or_create_counter(&key, Arc::clone);
         if key.name() != EJECTIONS {
-            return Counter::from_arc(self.value(mkey));
+            return Counter::from_arc(count);
         }
-        let mut logs = self.0.ejections.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(log) = logs.get(&mkey) {
-            return Counter::from_arc(Arc::clone(log));
-        }
-        let failures = self.value(metric_key(
-            RESPONSES,
-            mkey.1
-                .iter()
-                .cloned()
-                .chain([("outcome".to_owned(), "failure".to_owned())]),
-        ));
-        let log = Arc::new(EjectionLog {
-            value: self.value(mkey.clone()),
-            failures,
-            log: Mutex::default(),
+        let failure = Label::new("outcome", "failure");
+        let failures = sorted(RESPONSES, key.labels().cloned().chain([failure]));
+        let failures = self.registry.get_or_create_counter(&failures, Arc::clone);
+        let mut logs = lock(&self.ejection_logs);
+        let log = logs.entry(key).or_insert_with(|| {
+            Arc::new(EjectionLog {
+                count,
+                failures,
+                log: Mutex::default(),
+            })
         });
-        logs.insert(mkey, Arc::clone(&log));
-        Counter::from_arc(log)
+        Counter::from_arc(Arc::clone(log))
     }
 
     fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
-        Gauge::from_arc(self.value(Self::key_of(key)))
+        let key = sorted(key.name(), key.labels().cloned());
+        Gauge::from_arc(self.registry.get_or_create_gauge(&key, Arc::clone))
     }
 
     fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
         Histogram::noop()
     }
+}
+
+/// Locks `mutex`, also after a panic elsewhere (the soak reports what it has).
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -543,11 +533,7 @@ fn describe_error(err: &(dyn std::error::Error + 'static)) -> String {
 }
 
 fn note(errors: &ErrorLog, what: String) {
-    *errors
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .entry(what)
-        .or_default() += 1;
+    *lock(errors).entry(what).or_default() += 1;
 }
 
 async fn worker(
@@ -750,9 +736,7 @@ impl Phase {
         let ejections = self
             .recorder
             .ejection_log(&labels)
-            .map_or_else(Vec::new, |l| {
-                l.log.lock().unwrap_or_else(|e| e.into_inner()).clone()
-            });
+            .map_or_else(Vec::new, |l| lock(&l.log).clone());
         (failures, ejections)
     }
 }
@@ -1112,7 +1096,7 @@ async fn run_phase(
         stats,
         elapsed,
         churn,
-        errors: std::mem::take(&mut *errors.lock().unwrap_or_else(|e| e.into_inner())),
+        errors: std::mem::take(&mut *lock(&errors)),
         retries_sent: recorder.counter(RETRIES, &with(("result", "sent"))),
         retries_exhausted: recorder.counter(RETRIES, &with(("result", "budget_exhausted"))),
         endpoint_failures: recorder.counter(RESPONSES, &with(("outcome", "failure"))),
@@ -1319,7 +1303,7 @@ fn main() {
     for filter in &settings.filters {
         eprintln!("churn_soak: ignoring test filter {filter:?}");
     }
-    let recorder = SoakRecorder::default();
+    let recorder = SoakRecorder::new();
     if metrics::set_global_recorder(recorder.clone()).is_err() {
         eprintln!("churn_soak: a metrics recorder is already installed");
     }
