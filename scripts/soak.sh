@@ -10,7 +10,8 @@
 #   scripts/soak.sh --workers 64 --servers 16 --churn-every 10ms --max-failing 2
 #
 # Arguments are passed to the bench binary (--duration, --workers, --rate, --servers,
-# --churn-every, --max-failing, --drain); MCS_SOAK_DURATION, MCS_SOAK_WORKERS and
+# --churn-every, --max-failing, --drain, ...; `scripts/soak.sh --help` lists them all);
+# durations as 500ms, 1.5s, 60s or 5m; MCS_SOAK_DURATION, MCS_SOAK_WORKERS and
 # MCS_SOAK_RATE set defaults. It prints two markdown tables (both phases) and the churn
 # event counts, and exits non-zero if any request failed with a transport error or got
 # stuck. It takes two phases of the given duration plus the build (release profile).

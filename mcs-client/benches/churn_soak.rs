@@ -51,23 +51,25 @@
 //! ```
 //!
 //! (`scripts/soak.sh` runs it.) Without `--bench` (as `cargo test --benches` runs it) it
-//! is a 2 s smoke run per phase. Options: `--duration` (default 60 s), `--workers`,
-//! `--rate`, `--servers` (initial set, default 12), `--churn-every`, `--max-failing`,
-//! `--drain` (default 200 ms), `--base-ejection`, `--max-ejection-percent`,
-//! `--pool-idle`, `--one-cluster` (every server in one cluster: per-endpoint metric
-//! series no longer pile up in the recorder, for leak checks; no failure-event table);
-//! durations as `500ms`, `60s` or `5m`. `MCS_SOAK_DURATION`,
-//! `MCS_SOAK_WORKERS` and `MCS_SOAK_RATE` set defaults. Other arguments (libtest's) are
-//! ignored.
+//! is a 2 s smoke run per phase. Options (`-- --help` lists them with their defaults):
+//! `--duration` (default 60 s), `--workers`, `--rate`, `--servers` (initial set, default
+//! 12), `--churn-every`, `--max-failing`, `--drain` (default 200 ms), `--base-ejection`,
+//! `--max-ejection-percent`, `--pool-idle`, `--one-cluster` (every server in one cluster:
+//! per-endpoint metric series no longer pile up in the recorder, for leak checks; no
+//! failure-event table); durations as humantime reads them: `500ms`, `1.5s`, `60s`, `5m`.
+//! `MCS_SOAK_DURATION`, `MCS_SOAK_WORKERS` and `MCS_SOAK_RATE` set defaults. libtest's own
+//! arguments, which cargo may pass (`--nocapture`, `--test-threads 2`, test filters, ...),
+//! are accepted and ignored; `--list` lists nothing. Any other argument is an error.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use clap::{ArgAction, Parser};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -82,7 +84,11 @@ use mcs_core::ClusterId;
 use mcs_core::discovery::{Endpoint, Target};
 use mcs_core::endpoints::{BalancerConfig, Locality, OutlierConfig, Tiering};
 use mcs_core::name::ServiceRef;
-use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+use metrics::{
+    Counter, CounterFn, Gauge, Histogram, Key, KeyName, Label, Metadata, Recorder, SharedString,
+    Unit,
+};
+use metrics_util::registry::{AtomicStorage, Registry};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
@@ -95,127 +101,100 @@ const STUCK: Duration = Duration::from_secs(10);
 // ---------------------------------------------------------------------------------------
 // Settings
 
-#[derive(Clone, Debug)]
+/// The soak's options (`--help` lists them); durations as humantime reads them (`500ms`,
+/// `1.5s`, `5m`).
+#[derive(Debug, Parser)]
+#[command(
+    name = "churn_soak",
+    bin_name = "churn_soak",
+    about = "Churn soak for mcs-client: see mcs-client/benches/churn_soak.rs"
+)]
 struct Settings {
-    duration: Duration,
+    /// Length of each phase [default: 60s with --bench, else 2s]
+    #[arg(long, env = "MCS_SOAK_DURATION", value_name = "DURATION", value_parser = non_zero)]
+    duration: Option<Duration>,
+    /// Worker tasks, each with at most one request in flight
+    #[arg(long, env = "MCS_SOAK_WORKERS", default_value_t = 32, value_parser = at_least::<1>)]
     workers: usize,
-    /// Requests per second over all workers; 0 = closed loop.
+    /// Requests per second offered over all workers; 0 runs closed-loop
+    #[arg(long, env = "MCS_SOAK_RATE", default_value_t = 2000)]
     rate: u64,
+    /// Servers in the initial set
+    #[arg(long, default_value_t = 12, value_parser = at_least::<4>)]
     servers: usize,
+    /// Time between two churn events
+    #[arg(long, default_value = "20ms", value_name = "DURATION", value_parser = non_zero)]
     churn_every: Duration,
+    /// Servers broken at a time, at most
+    #[arg(long, default_value_t = 2)]
     max_failing: usize,
+    /// How long a removed endpoint's server keeps serving before it stops
+    #[arg(long, default_value = "200ms", value_name = "DURATION", value_parser = humantime::parse_duration)]
     drain: Duration,
+    /// Outlier detection's first ejection time (at most ten times as long later)
+    #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = humantime::parse_duration)]
     base_ejection: Duration,
+    /// Outlier detection ejects at most this percentage of the set
+    #[arg(long, default_value_t = 25, value_parser = clap::value_parser!(u8).range(..=100))]
     max_ejection_percent: u8,
-    /// The client's pool idle timeout; `None`: no pool timer (hyper-util's default).
-    pool_idle: Option<Duration>,
-    /// Every server in one cluster (no per-endpoint metrics).
+    /// The client's pool idle timeout; `none`: no pool timer (hyper-util's default)
+    #[arg(long, default_value = "30s", value_name = "DURATION|none", value_parser = pool_idle)]
+    pool_idle: std::option::Option<Duration>,
+    /// Every server in one cluster: no per-endpoint metric series (for leak checks), no
+    /// failure-event table
+    #[arg(long)]
     one_cluster: bool,
-    smoke: bool,
+    /// A full run, as `cargo bench` asks; without it (`cargo test --benches`) each phase is
+    /// a 2 s smoke run
+    #[arg(long, hide = true)]
+    bench: bool,
+    /// Lists nothing: there are no libtest tests here (`cargo test --benches -- --list`)
+    #[arg(long, hide = true)]
+    list: bool,
+    /// libtest's other flags, which cargo may pass: ignored
+    #[arg(long = "test", short = 'q', hide = true, action = ArgAction::Count, aliases = [
+        "quiet", "ignored", "include-ignored", "exclude-should-panic", "force-run-in-process",
+        "fail-fast", "nocapture", "no-capture", "exact", "show-output", "report-time",
+        "ensure-time", "shuffle",
+    ])]
+    _libtest_flags: u8,
+    /// libtest's options with a value: ignored
+    #[arg(long = "skip", short = 'Z', hide = true, action = ArgAction::Append, aliases = [
+        "logfile", "test-threads", "color", "format", "shuffle-seed",
+    ])]
+    _libtest_options: Vec<String>,
+    /// libtest's test filters: ignored
+    #[arg(hide = true)]
+    filters: Vec<String>,
 }
 
-fn parse_duration(s: &str) -> Option<Duration> {
-    let s = s.trim();
-    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit() && c != '.') {
-        Some(i) => (&s[..i], &s[i..]),
-        None => (s, "s"),
-    };
-    let n: f64 = num.parse().ok()?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" | "min" => n * 60.0,
-        _ => return None,
-    };
-    Some(Duration::from_secs_f64(secs))
+impl Settings {
+    /// The length of each phase.
+    fn duration(&self) -> Duration {
+        let default = if self.bench { 60 } else { 2 };
+        self.duration.unwrap_or(Duration::from_secs(default))
+    }
 }
 
-fn env<T>(name: &str, parse: impl Fn(&str) -> Option<T>) -> Option<T> {
-    std::env::var(name).ok().and_then(|v| parse(&v))
+fn non_zero(s: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(s) {
+        Ok(d) if d.is_zero() => Err("must be more than zero".to_owned()),
+        parsed => parsed.map_err(|e| e.to_string()),
+    }
 }
 
-fn settings() -> Result<Option<Settings>, String> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "--list") {
-        return Ok(None); // `cargo test --benches -- --list`: nothing to list.
+fn pool_idle(s: &str) -> Result<Option<Duration>, String> {
+    (s != "none")
+        .then(|| humantime::parse_duration(s))
+        .transpose()
+        .map_err(|e| format!("{e}: expected a duration such as 30s, or none"))
+}
+
+fn at_least<const MIN: usize>(s: &str) -> Result<usize, String> {
+    match s.parse() {
+        Ok(n) if n < MIN => Err(format!("must be at least {MIN}")),
+        parsed => parsed.map_err(|e: std::num::ParseIntError| e.to_string()),
     }
-    let smoke = !args.iter().any(|a| a == "--bench");
-    let mut s = Settings {
-        duration: env("MCS_SOAK_DURATION", parse_duration).unwrap_or(if smoke {
-            Duration::from_secs(2)
-        } else {
-            Duration::from_secs(60)
-        }),
-        workers: env("MCS_SOAK_WORKERS", |v| v.parse().ok()).unwrap_or(32),
-        rate: env("MCS_SOAK_RATE", |v| v.parse().ok()).unwrap_or(2000),
-        servers: 12,
-        churn_every: Duration::from_millis(20),
-        max_failing: 2,
-        drain: Duration::from_millis(200),
-        base_ejection: Duration::from_secs(1),
-        max_ejection_percent: 25,
-        pool_idle: Some(Duration::from_secs(30)),
-        one_cluster: false,
-        smoke,
-    };
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_owned())),
-            _ => (arg.as_str(), None),
-        };
-        let known = [
-            "--duration",
-            "--workers",
-            "--rate",
-            "--servers",
-            "--churn-every",
-            "--max-failing",
-            "--drain",
-            "--base-ejection",
-            "--max-ejection-percent",
-            "--pool-idle",
-        ];
-        if flag == "--one-cluster" {
-            s.one_cluster = true;
-            continue;
-        }
-        if !known.contains(&flag) {
-            // `--bench` and other libtest arguments.
-            if flag != "--bench" {
-                eprintln!("churn_soak: ignoring argument {arg:?}");
-            }
-            continue;
-        }
-        let value = match inline {
-            Some(v) => v,
-            None => it
-                .next()
-                .cloned()
-                .ok_or_else(|| format!("{flag} needs a value"))?,
-        };
-        let bad = || format!("bad value for {flag}: {value:?}");
-        match flag {
-            "--duration" => s.duration = parse_duration(&value).ok_or_else(bad)?,
-            "--churn-every" => s.churn_every = parse_duration(&value).ok_or_else(bad)?,
-            "--drain" => s.drain = parse_duration(&value).ok_or_else(bad)?,
-            "--base-ejection" => s.base_ejection = parse_duration(&value).ok_or_else(bad)?,
-            "--pool-idle" if value == "none" => s.pool_idle = None,
-            "--pool-idle" => s.pool_idle = Some(parse_duration(&value).ok_or_else(bad)?),
-            "--max-ejection-percent" => {
-                s.max_ejection_percent = value.parse().map_err(|_| bad())?;
-            }
-            "--workers" => s.workers = value.parse().map_err(|_| bad())?,
-            "--rate" => s.rate = value.parse().map_err(|_| bad())?,
-            "--servers" => s.servers = value.parse().map_err(|_| bad())?,
-            "--max-failing" => s.max_failing = value.parse().map_err(|_| bad())?,
-            _ => unreachable!("checked above"),
-        }
-    }
-    if s.workers == 0 || s.servers < 4 || s.churn_every.is_zero() {
-        return Err("need --workers >= 1, --servers >= 4 and a non-zero --churn-every".into());
-    }
-    Ok(Some(s))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -384,97 +363,82 @@ impl Addresses {
 }
 
 // ---------------------------------------------------------------------------------------
-// Metrics: a recorder that keeps every counter and gauge, to read the layer's metrics.
-
-/// A metric's name and its sorted labels.
-type MetricKey = (String, Vec<(String, String)>);
-
-fn metric_key(name: &str, labels: impl Iterator<Item = (String, String)>) -> MetricKey {
-    let mut labels: Vec<(String, String)> = labels.collect();
-    labels.sort();
-    (name.to_owned(), labels)
-}
+// Metrics: the layer's counters and gauges, kept in a metrics-util registry.
 
 /// The ejection counter of one endpoint, which also notes, at every ejection, the time and
 /// the endpoint's failure count then.
 struct EjectionLog {
-    value: Arc<AtomicU64>,
+    count: Arc<AtomicU64>,
     failures: Arc<AtomicU64>,
     log: Mutex<Vec<(Instant, u64)>>,
 }
 
-impl metrics::CounterFn for EjectionLog {
+impl CounterFn for EjectionLog {
     fn increment(&self, value: u64) {
         let failures = self.failures.load(Ordering::Relaxed);
-        self.log
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((Instant::now(), failures));
-        self.value.fetch_add(value, Ordering::Relaxed);
+        lock(&self.log).push((Instant::now(), failures));
+        self.count.increment(value);
     }
 
     fn absolute(&self, value: u64) {
-        self.value.fetch_max(value, Ordering::Relaxed);
+        self.count.absolute(value);
     }
 }
 
-#[derive(Default)]
-struct Store {
-    values: Mutex<BTreeMap<MetricKey, Arc<AtomicU64>>>,
-    ejections: Mutex<BTreeMap<MetricKey, Arc<EjectionLog>>>,
+/// Keeps every counter and gauge the layer registers (labels sorted, so that keys built in
+/// any label order meet), and a log of every endpoint's ejections.
+#[derive(Clone)]
+struct SoakRecorder {
+    registry: Arc<Registry<Key, AtomicStorage>>,
+    ejection_logs: Arc<Mutex<BTreeMap<Key, Arc<EjectionLog>>>>,
 }
 
-#[derive(Clone, Default)]
-struct SoakRecorder(Arc<Store>);
+fn sorted(name: &str, labels: impl Iterator<Item = Label>) -> Key {
+    let mut labels: Vec<Label> = labels.collect();
+    labels.sort();
+    Key::from_parts(name.to_owned(), labels)
+}
+
+/// Whether `key` has every one of `labels`.
+fn has_labels(key: &Key, labels: &[(&str, &str)]) -> bool {
+    labels
+        .iter()
+        .all(|&(k, v)| key.labels().any(|l| l.key() == k && l.value() == v))
+}
 
 impl SoakRecorder {
-    fn value(&self, key: MetricKey) -> Arc<AtomicU64> {
-        let mut values = self.0.values.lock().unwrap_or_else(|e| e.into_inner());
-        Arc::clone(values.entry(key).or_default())
-    }
-
-    fn key_of(key: &Key) -> MetricKey {
-        metric_key(
-            key.name(),
-            key.labels()
-                .map(|l| (l.key().to_owned(), l.value().to_owned())),
-        )
+    fn new() -> Self {
+        Self {
+            registry: Arc::new(Registry::atomic()),
+            ejection_logs: Arc::default(),
+        }
     }
 
     /// The sum of a counter over all label sets that include `labels`; `None` if the
     /// layer never registered it.
     fn counter(&self, name: &str, labels: &[(&str, &str)]) -> Option<u64> {
-        let values = self.0.values.lock().unwrap_or_else(|e| e.into_inner());
         let mut found = None;
-        for ((n, ls), v) in values.iter() {
-            let matches = labels
-                .iter()
-                .all(|(k, want)| ls.iter().any(|(lk, lv)| lk == k && lv == want));
-            if n == name && matches {
-                *found.get_or_insert(0) += v.load(Ordering::Relaxed);
+        self.registry.visit_counters(|key, value| {
+            if key.name() == name && has_labels(key, labels) {
+                *found.get_or_insert(0) += value.load(Ordering::Relaxed);
             }
-        }
+        });
         found
     }
 
     /// How many metric series are registered.
     fn series(&self) -> usize {
-        self.0
-            .values
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .len()
+        let mut series = 0;
+        self.registry.visit_counters(|_, _| series += 1);
+        self.registry.visit_gauges(|_, _| series += 1);
+        series
     }
 
     /// The ejection log of the endpoint whose labels include `labels`.
     fn ejection_log(&self, labels: &[(&str, &str)]) -> Option<Arc<EjectionLog>> {
-        let logs = self.0.ejections.lock().unwrap_or_else(|e| e.into_inner());
-        logs.iter()
-            .find(|((_, ls), _)| {
-                labels
-                    .iter()
-                    .all(|(k, want)| ls.iter().any(|(lk, lv)| lk == k && lv == want))
-            })
+        lock(&self.ejection_logs)
+            .iter()
+            .find(|(key, _)| has_labels(key, labels))
             .map(|(_, log)| Arc::clone(log))
     }
 }
@@ -485,37 +449,38 @@ impl Recorder for SoakRecorder {
     fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
 
     fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-        let mkey = Self::key_of(key);
+        let key = sorted(key.name(), key.labels().cloned());
+        let count = self.registry.get_or_create_counter(&key, Arc::clone);
         if key.name() != EJECTIONS {
-            return Counter::from_arc(self.value(mkey));
+            return Counter::from_arc(count);
         }
-        let mut logs = self.0.ejections.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(log) = logs.get(&mkey) {
-            return Counter::from_arc(Arc::clone(log));
-        }
-        let failures = self.value(metric_key(
-            RESPONSES,
-            mkey.1
-                .iter()
-                .cloned()
-                .chain([("outcome".to_owned(), "failure".to_owned())]),
-        ));
-        let log = Arc::new(EjectionLog {
-            value: self.value(mkey.clone()),
-            failures,
-            log: Mutex::default(),
+        let failure = Label::new("outcome", "failure");
+        let failures = sorted(RESPONSES, key.labels().cloned().chain([failure]));
+        let failures = self.registry.get_or_create_counter(&failures, Arc::clone);
+        let mut logs = lock(&self.ejection_logs);
+        let log = logs.entry(key).or_insert_with(|| {
+            Arc::new(EjectionLog {
+                count,
+                failures,
+                log: Mutex::default(),
+            })
         });
-        logs.insert(mkey, Arc::clone(&log));
-        Counter::from_arc(log)
+        Counter::from_arc(Arc::clone(log))
     }
 
     fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
-        Gauge::from_arc(self.value(Self::key_of(key)))
+        let key = sorted(key.name(), key.labels().cloned());
+        Gauge::from_arc(self.registry.get_or_create_gauge(&key, Arc::clone))
     }
 
     fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
         Histogram::noop()
     }
+}
+
+/// Locks `mutex`, also after a panic elsewhere (the soak reports what it has).
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -568,11 +533,7 @@ fn describe_error(err: &(dyn std::error::Error + 'static)) -> String {
 }
 
 fn note(errors: &ErrorLog, what: String) {
-    *errors
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .entry(what)
-        .or_default() += 1;
+    *lock(errors).entry(what).or_default() += 1;
 }
 
 async fn worker(
@@ -775,9 +736,7 @@ impl Phase {
         let ejections = self
             .recorder
             .ejection_log(&labels)
-            .map_or_else(Vec::new, |l| {
-                l.log.lock().unwrap_or_else(|e| e.into_inner()).clone()
-            });
+            .map_or_else(Vec::new, |l| lock(&l.log).clone());
         (failures, ejections)
     }
 }
@@ -1071,12 +1030,12 @@ async fn run_phase(
     let pace = (settings.rate > 0)
         .then(|| Duration::from_secs_f64(settings.workers as f64 / settings.rate as f64));
     let started = tokio::time::Instant::now();
-    let deadline = started + settings.duration;
+    let deadline = started + settings.duration();
     let peak = Arc::new(AtomicU64::new(open_fds() as u64));
     let sampling = Arc::new(AtomicBool::new(true));
     let sampler = {
         let (peak, sampling) = (Arc::clone(&peak), Arc::clone(&sampling));
-        let quarter = settings.duration / 4;
+        let quarter = settings.duration() / 4;
         tokio::spawn(async move {
             let mut quarters = Vec::new();
             let mut next = started + quarter;
@@ -1137,7 +1096,7 @@ async fn run_phase(
         stats,
         elapsed,
         churn,
-        errors: std::mem::take(&mut *errors.lock().unwrap_or_else(|e| e.into_inner())),
+        errors: std::mem::take(&mut *lock(&errors)),
         retries_sent: recorder.counter(RETRIES, &with(("result", "sent"))),
         retries_exhausted: recorder.counter(RETRIES, &with(("result", "budget_exhausted"))),
         endpoint_failures: recorder.counter(RESPONSES, &with(("outcome", "failure"))),
@@ -1168,7 +1127,7 @@ fn report(settings: &Settings, results: &mut [PhaseResult]) -> bool {
     println!(
         "churn soak: {} s per phase, {} workers, {}, {} initial servers, churn every {:?}, \
          at most {} failing, drain {:?}, ejection {:?} x k for at most {} % of the set{}",
-        settings.duration.as_secs_f64(),
+        settings.duration().as_secs_f64(),
         settings.workers,
         if settings.rate == 0 {
             "closed loop".to_owned()
@@ -1181,7 +1140,7 @@ fn report(settings: &Settings, results: &mut [PhaseResult]) -> bool {
         settings.drain,
         settings.base_ejection,
         settings.max_ejection_percent,
-        if settings.smoke {
+        if !settings.bench {
             " (smoke run: no --bench)"
         } else {
             ""
@@ -1337,15 +1296,14 @@ fn report(settings: &Settings, results: &mut [PhaseResult]) -> bool {
 }
 
 fn main() {
-    let settings = match settings() {
-        Ok(Some(s)) => s,
-        Ok(None) => return,
-        Err(err) => {
-            eprintln!("churn_soak: {err}");
-            std::process::exit(2);
-        }
-    };
-    let recorder = SoakRecorder::default();
+    let settings = Settings::parse();
+    if settings.list {
+        return;
+    }
+    for filter in &settings.filters {
+        eprintln!("churn_soak: ignoring test filter {filter:?}");
+    }
+    let recorder = SoakRecorder::new();
     if metrics::set_global_recorder(recorder.clone()).is_err() {
         eprintln!("churn_soak: a metrics recorder is already installed");
     }
@@ -1354,9 +1312,9 @@ fn main() {
         .build()
         .expect("runtime");
     let mut results = runtime.block_on(async {
-        eprintln!("churn_soak: baseline phase ({:?})", settings.duration);
+        eprintln!("churn_soak: baseline phase ({:?})", settings.duration());
         let baseline = run_phase("baseline", false, 8001, 91, &settings, &recorder).await;
-        eprintln!("churn_soak: churn phase ({:?})", settings.duration);
+        eprintln!("churn_soak: churn phase ({:?})", settings.duration());
         let churn = run_phase("churn", true, 8002, 92, &settings, &recorder).await;
         vec![baseline, churn]
     });
