@@ -7,7 +7,10 @@
 //!   per request; the round trip itself is tens of microseconds.
 //! - `layer_only/*`: the same requests against an inner service that answers at once, so
 //!   only the layer is timed: `passthrough` (the `cluster.local` name), `balanced` (route,
-//!   pick, rewrite, outcome) and `balanced_retry`.
+//!   pick, endpoint service, outcome) and `balanced_retry`.
+//! - Then `plain_hyper` and `mcs_layer` again, alternated in bursts in one process, every
+//!   request's latency kept: p50 and p99 of each and their ratio (criterion's entries run
+//!   one after the other, so their ratio also carries whatever the machine did between).
 //!
 //! Run with `cargo bench --bench client_overhead`.
 
@@ -16,7 +19,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{Criterion, criterion_group};
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -190,5 +193,61 @@ fn layer_only(c: &mut Criterion) {
     group.finish();
 }
 
+/// `plain_hyper` and `mcs_layer`, alternated in bursts; p50 and p99 of each.
+fn paired(full: bool) {
+    let rt = runtime();
+    let addr = rt.block_on(server());
+    let client: Client<HttpConnector, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).build_http();
+    let plain_uri = format!("http://{addr}/accrue");
+    let with_layer = layer(addr).layer(Http::new(Client::builder(TokioExecutor::new())));
+    let (rounds, burst) = if full { (100, 200) } else { (4, 20) };
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    // Warm the pools and start discovery.
+    timed(&rt, &client, &plain_uri, 100);
+    timed(&rt, &with_layer, NAME, 100);
+    for round in 0..rounds {
+        // Each side goes first every other round.
+        for side in [round % 2, 1 - round % 2] {
+            for _ in 0..burst {
+                let latency = match side {
+                    0 => timed(&rt, &with_layer, NAME, 1),
+                    _ => timed(&rt, &client, &plain_uri, 1),
+                };
+                if side == 0 {
+                    ours.push(latency);
+                } else {
+                    theirs.push(latency);
+                }
+            }
+        }
+    }
+    let (o, t) = (percentiles(&mut ours), percentiles(&mut theirs));
+    println!(
+        "\nplaintext HTTP/1, one endpoint, {} requests each, alternated in bursts of {burst}:",
+        ours.len()
+    );
+    println!("  {:<14} {:>10} {:>10}", "", "p50", "p99");
+    println!("  {:<14} {:>10.1?} {:>10.1?}", "plain hyper", t.0, t.1);
+    println!("  {:<14} {:>10.1?} {:>10.1?}", "mcs layer", o.0, o.1);
+    println!(
+        "  layer / plain: p50 {:.3}, p99 {:.3}",
+        o.0.as_secs_f64() / t.0.as_secs_f64(),
+        o.1.as_secs_f64() / t.1.as_secs_f64()
+    );
+}
+
+/// p50 and p99.
+fn percentiles(samples: &mut [Duration]) -> (Duration, Duration) {
+    samples.sort_unstable();
+    let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
+    (at(0.50), at(0.99))
+}
+
 criterion_group!(benches, loopback, layer_only);
-criterion_main!(benches);
+
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    paired(std::env::args().any(|a| a == "--bench"));
+}
