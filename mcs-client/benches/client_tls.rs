@@ -8,8 +8,11 @@
 //!    recorded, p50 and p99 of each and their ratio.
 //! 2. Handshakes: a run of `CONCURRENCY` concurrent callers over four endpoints through
 //!    the layer; TLS handshakes each endpoint's server accepted, against the concurrency.
-//! 3. gRPC over TLS (ALPN h2), unary calls by `CONCURRENCY` callers over four endpoints:
-//!    the layer (`connect::Tls`, HTTP/2 clients per endpoint) against tonic's own
+//! 3. gRPC over TLS (ALPN h2), unary calls by `CONCURRENCY` callers to one endpoint: the
+//!    layer over `connect::Http2` (one HTTP/2 connection per endpoint) and over
+//!    `connect::Http` (hyper-util's pooled client, `http2_only`), hyper-util's client
+//!    alone, and tonic's `Channel`; p50 and p99 of each.
+//! 4. The same over four endpoints: the layer over `Http2` against tonic's own
 //!    `Channel::balance_list` over the same endpoints (same CA, same server name), rounds
 //!    alternated; p50 and p99 of each, and how evenly each spread the calls.
 //!
@@ -30,7 +33,7 @@ use http_body_util::{BodyExt, Empty};
 use hyper_rustls::HttpsConnectorBuilder;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use mcs_client::connect::{Dial, EndpointTarget, Http, Tls};
+use mcs_client::connect::{Dial, EndpointTarget, Http, Http2, Tls};
 use mcs_client::{McsLayer, StaticResolver};
 use mcs_core::ClusterId;
 use mcs_core::discovery::Target;
@@ -69,6 +72,7 @@ fn main() {
 
     https_one_endpoint(&rt, &ca, &servers[0], full);
     handshakes(&rt, &ca, &servers, full);
+    grpc_one_endpoint(&rt, &ca, &servers[0], full);
     grpc_against_tonic(&rt, &ca, &servers, full);
 }
 
@@ -302,6 +306,80 @@ fn grpc_against_tonic(rt: &tokio::runtime::Runtime, ca: &Ca, servers: &[TlsServe
         o.0.as_secs_f64() / t.0.as_secs_f64(),
         o.1.as_secs_f64() / t.1.as_secs_f64()
     );
+}
+
+/// gRPC over TLS to one endpoint: the layer over [`Http2`] and over hyper-util's pooled
+/// client, hyper-util's client alone and tonic's `Channel`, in turn.
+fn grpc_one_endpoint(rt: &tokio::runtime::Runtime, ca: &Ca, server: &TlsServer, full: bool) {
+    let origin: http::Uri = format!("https://{HOST}:{PORT}").parse().expect("origin");
+    let tls = Tls::new(ca.client_config(None, &[b"h2"]));
+    let http = Http::<_, tonic::body::Body>::with_connector(
+        Client::builder(TokioExecutor::new())
+            .http2_only(true)
+            .clone(),
+        tls.clone(),
+    );
+    let channel = layer(&[server]).layer(http);
+    let ours_pooled = tonic::client::Grpc::with_origin(channel, origin.clone());
+    let h2 = Http2::<_, tonic::body::Body>::new(
+        hyper::client::conn::http2::Builder::new(TokioExecutor::new()),
+        tls.clone(),
+    );
+    let ours = tonic::client::Grpc::with_origin(layer(&[server]).layer(h2), origin.clone());
+    let hyper_only = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build::<_, tonic::body::Body>(
+            HttpsConnectorBuilder::new()
+                .with_tls_config(ca.client_config(None, &[]))
+                .https_only()
+                .enable_http2()
+                .wrap_connector(mcs_client::connect::Tcp::new().dial(server.addr)),
+        );
+    let hyper_only = tonic::client::Grpc::with_origin(hyper_only, origin.clone());
+    let ca_pem = ca.pem();
+    let tonic_one = tonic::transport::Endpoint::from_shared(format!("https://{}", server.addr))
+        .expect("endpoint")
+        .origin(origin.clone())
+        .tls_config(
+            tonic::transport::ClientTlsConfig::new()
+                .domain_name(HOST)
+                .ca_certificate(tonic::transport::Certificate::from_pem(&ca_pem)),
+        )
+        .expect("tls");
+    let tonic_one = rt.block_on(async { tonic_one.connect().await.expect("connect") });
+    let tonic_one = tonic::client::Grpc::new(tonic_one);
+    let (rounds, per_caller) = if full { (10, 100) } else { (2, 10) };
+    let mut lat = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+    rt.block_on(async {
+        calls(&ours, 2, 10).await;
+        calls(&ours_pooled, 2, 10).await;
+        calls(&hyper_only, 2, 10).await;
+        calls(&tonic_one, 2, 10).await;
+        for _ in 0..rounds {
+            lat[0].extend(calls(&ours, CONCURRENCY, per_caller).await.0);
+            lat[1].extend(calls(&ours_pooled, CONCURRENCY, per_caller).await.0);
+            lat[2].extend(calls(&hyper_only, CONCURRENCY, per_caller).await.0);
+            lat[3].extend(calls(&tonic_one, CONCURRENCY, per_caller).await.0);
+        }
+    });
+    println!(
+        "\ngRPC over TLS (h2), unary, one endpoint, {CONCURRENCY} concurrent callers, {} calls \
+         each in {rounds} rounds:",
+        lat[0].len()
+    );
+    println!("  {:<24} {:>10} {:>10}", "", "p50", "p99");
+    for (name, l) in [
+        "mcs layer over Http2",
+        "mcs layer over Http (h2)",
+        "hyper-util h2 alone",
+        "tonic Channel",
+    ]
+    .iter()
+    .zip(lat.iter_mut())
+    {
+        let p = percentiles(l);
+        println!("  {name:<24} {:>10.1?} {:>10.1?}", p.0, p.1);
+    }
 }
 
 /// `per_caller` unary calls from each of `concurrency` callers; every call's latency and

@@ -117,10 +117,10 @@
 //! # gRPC (tonic) over TLS
 //!
 //! tonic's generated clients take any service of `http::Request<tonic::body::Body>`: give
-//! them an [`Mcs`] over HTTP/2 clients with ALPN `h2`, and the origin by its ClusterSet name.
-//! Every call is balanced (not every connection), and `:authority` is the service's name.
-//! Unary calls can be retried on connect failures with [`BufferBody`] (their body is one
-//! message).
+//! them an [`Mcs`] over [`connect::Http2`] (one multiplexed HTTP/2 connection per endpoint)
+//! with ALPN `h2`, and the origin by its ClusterSet name. Every call is balanced (not every
+//! connection), and `:authority` is the service's name. Unary calls can be retried on
+//! connect failures with [`BufferBody`] (their body is one message).
 //!
 //! ```no_run
 //! # #[cfg(feature = "tls")]
@@ -128,16 +128,16 @@
 //! #     mut config: rustls::ClientConfig,
 //! #     resolver: mcs_client::StaticResolver,
 //! # ) -> Result<(), Box<dyn std::error::Error>> {
-//! use hyper_util::client::legacy::Client;
+//! use hyper::client::conn::http2;
 //! use hyper_util::rt::TokioExecutor;
-//! use mcs_client::connect::{Http, Tls};
+//! use mcs_client::connect::{Http2, Tls};
 //! use mcs_client::{BufferBody, McsLayer, Replay, Retry};
 //! use mcs_core::{ClusterId, endpoints::Locality};
 //! use tower::Layer;
 //!
 //! config.alpn_protocols = vec![b"h2".to_vec()];
-//! let http = Http::<_, tonic::body::Body>::with_connector(
-//!     Client::builder(TokioExecutor::new()).http2_only(true).clone(),
+//! let h2 = Http2::<_, tonic::body::Body>::new(
+//!     http2::Builder::new(TokioExecutor::new()),
 //!     Tls::new(config),
 //! );
 //! let channel = McsLayer::builder(resolver, Locality::cluster(ClusterId::new("north")?))
@@ -145,7 +145,7 @@
 //!         tonic::body::Body::new(body)
 //!     })))
 //!     .build()
-//!     .layer(http);
+//!     .layer(h2);
 //! let origin: http::Uri = "https://loyalty-accrual.loyalty.svc.clusterset.local:9443".parse()?;
 //! let grpc = tonic::client::Grpc::with_origin(channel, origin);
 //! // e.g. `LoyaltyClient::with_origin(channel, origin)` with generated code.

@@ -18,7 +18,7 @@ use http_body_util::{BodyExt, Empty, Full};
 use hyper_rustls::HttpsConnectorBuilder;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use mcs_client::connect::{Dial, EndpointTarget, Http, Tls, TlsError};
+use mcs_client::connect::{Dial, EndpointTarget, Http, Http2, Tls, TlsError};
 use mcs_client::{
     BufferBody, CloneBody, EndpointError, McsLayer, Replay, Retry, Served, StaticResolver,
 };
@@ -422,23 +422,21 @@ async fn grpc_over_tls_is_balanced_per_call_with_the_service_authority() {
         all.iter().chain([&bad]).map(TlsServer::endpoint),
     );
 
-    // HTTP/2 over TLS (ALPN h2); unary calls retried on connect failures.
-    let http = Http::<_, tonic::body::Body>::with_connector(
-        Client::builder(TokioExecutor::new())
-            .http2_only(true)
-            .clone(),
+    // HTTP/2 over TLS (ALPN h2), one connection per endpoint; unary calls retried on
+    // connect failures.
+    let h2 = Http2::<_, tonic::body::Body>::new(
+        hyper::client::conn::http2::Builder::new(TokioExecutor::new()),
         Tls::new(ca.client_config(None, &[b"h2"])),
     );
     let replay = BufferBody::new(64 * 1024, |body: Replay<tonic::body::Body>| {
         tonic::body::Body::new(body)
     });
-    let channel = McsLayer::builder(resolver, Locality::cluster(cluster("north")))
+    let layer = McsLayer::builder(resolver, Locality::cluster(cluster("north")))
         .balancer(ejecting_half())
         .retry(Retry::new(replay))
-        .build()
-        .layer(http);
+        .build();
     let origin: http::Uri = format!("https://{HOST}:{PORT}").parse().unwrap();
-    let grpc = tonic::client::Grpc::with_origin(channel, origin);
+    let grpc = tonic::client::Grpc::with_origin(layer.layer(h2), origin.clone());
 
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..6 {
@@ -504,6 +502,30 @@ async fn grpc_over_tls_is_balanced_per_call_with_the_service_authority() {
         );
     }
     assert!(bad.accepted() >= 1, "the misnamed endpoint was tried");
+    let handshakes: usize = all.iter().map(|s| s.handshakes().len()).sum();
+    assert_eq!(handshakes, 4, "one multiplexed connection per endpoint");
+
+    // hyper-util's pooled client over HTTP/2 works the same way.
+    let pooled = Http::<_, tonic::body::Body>::with_connector(
+        Client::builder(TokioExecutor::new())
+            .http2_only(true)
+            .clone(),
+        Tls::new(ca.client_config(None, &[b"h2"])),
+    );
+    let mut grpc = tonic::client::Grpc::with_origin(layer.layer(pooled), origin);
+    for _ in 0..20 {
+        grpc.ready().await.expect("ready");
+        let response = grpc
+            .unary(
+                tonic::Request::new(b"order-2".to_vec()),
+                PathAndQuery::from_static("/loyalty.Accrual/Accrue"),
+                RawCodec,
+            )
+            .await
+            .expect("no gRPC call fails");
+        let (_, _, authority, _) = parse_answer(&String::from_utf8(response.into_inner()).unwrap());
+        assert_eq!(authority, format!("{HOST}:{PORT}"));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

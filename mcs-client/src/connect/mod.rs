@@ -20,16 +20,21 @@
 //! - any closure `Fn(Option<&EndpointTarget>) -> C` returning a hyper-util connector, for
 //!   example hyper-rustls's `HttpsConnector` wrapped around [`EndpointTarget::dial`].
 //!
+//! [`Http2`] is the leaner choice for gRPC: one multiplexed HTTP/2 connection per endpoint,
+//! shared by every request with no pool lookup (what tonic's `Channel` keeps).
+//!
 //! Any other per-endpoint service (a tonic `Channel` from an `Endpoint`, a tower stack)
 //! plugs in through a closure `Fn(&EndpointTarget) -> S`.
 
 mod dial;
 mod http;
+mod http2;
 #[cfg(feature = "tls")]
 mod tls;
 
 pub use dial::{Dial, Tcp};
 pub use http::{Http, MakeConnector};
+pub use http2::{H2Endpoint, Http2};
 #[cfg(feature = "tls")]
 pub use tls::{MaybeTls, Tls, TlsConnect, TlsError};
 

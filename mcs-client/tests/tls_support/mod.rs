@@ -202,6 +202,8 @@ impl TlsServer {
                     tokio::select! {
                         got = listener.accept() => {
                             let Ok((tcp, _)) = got else { continue };
+                            // As servers do (tonic's by default): no Nagle delay on answers.
+                            let _ = tcp.set_nodelay(true);
                             accepted.send_modify(|n| *n += 1);
                             let guard = Open::new(Arc::clone(&open));
                             let (acceptor, handshakes, prefix) =
