@@ -11,9 +11,10 @@
 mod clusterset;
 mod support;
 
+use support::{apply_manifest, typed};
+
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -29,10 +30,7 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-use kube::api::{
-    Api, DynamicObject, GroupVersionKind, ListParams, ObjectMeta, Patch, PatchParams, PostParams,
-};
-use kube::discovery::Scope;
+use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use mcs_core::ClusterId;
 use mcs_core::api::{
@@ -43,7 +41,6 @@ use mcs_core::api::{
 use mcs_kube::agent::desired::{LABEL_MANAGED_BY, MANAGED_BY};
 use mcs_kube::agent::{Agent, AgentConfig, AgentError, AgentHealth, AgentMetrics, Member};
 use mcs_kube::dns::{DnsConfig, DnsServer};
-use serde::Deserialize as _;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -57,72 +54,7 @@ const DNS_DEPLOYMENT: &str = "deploy/dns/deployment.yaml";
 const SETTLE: Duration = Duration::from_secs(30);
 
 // ---------------------------------------------------------------------------------------
-// Manifests, applied as they are shipped.
-
-/// Every document of a manifest of this workspace, in order.
-fn manifest(path: &str) -> Vec<DynamicObject> {
-    let file = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join(path);
-    let text =
-        std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("read {}: {e}", file.display()));
-    serde_yaml::Deserializer::from_str(&text)
-        .filter_map(|doc| {
-            let value = serde_yaml::Value::deserialize(doc)
-                .unwrap_or_else(|e| panic!("{path}: invalid YAML: {e}"));
-            (!value.is_null()).then(|| {
-                let json = serde_json::to_value(value).expect("YAML to JSON");
-                serde_json::from_value::<DynamicObject>(json)
-                    .unwrap_or_else(|e| panic!("{path}: not a Kubernetes object: {e}"))
-            })
-        })
-        .collect()
-}
-
-fn kind_of(obj: &DynamicObject) -> &str {
-    obj.types.as_ref().map_or("", |t| t.kind.as_str())
-}
-
-/// The one document of `kind` in a manifest, typed.
-fn typed<T: serde::de::DeserializeOwned>(path: &str, kind: &str) -> T {
-    let docs: Vec<DynamicObject> = manifest(path)
-        .into_iter()
-        .filter(|d| kind_of(d) == kind)
-        .collect();
-    assert_eq!(docs.len(), 1, "{path}: expected one {kind}");
-    serde_json::from_value(serde_json::to_value(&docs[0]).unwrap())
-        .unwrap_or_else(|e| panic!("{path}: bad {kind}: {e}"))
-}
-
-/// Server-side applies one object, whatever its kind.
-async fn apply(client: &Client, obj: &DynamicObject) {
-    let types = obj.types.as_ref().expect("apiVersion and kind");
-    let gvk = GroupVersionKind::try_from(types).expect("apiVersion");
-    let (resource, caps) = kube::discovery::pinned_kind(client, &gvk)
-        .await
-        .unwrap_or_else(|e| panic!("discovering {gvk:?}: {e}"));
-    let api: Api<DynamicObject> = match caps.scope {
-        Scope::Cluster => Api::all_with(client.clone(), &resource),
-        Scope::Namespaced => Api::namespaced_with(
-            client.clone(),
-            obj.metadata.namespace.as_deref().unwrap_or("default"),
-            &resource,
-        ),
-    };
-    let pp = PatchParams::apply("mcs-rbac-test").force();
-    api.patch(&obj.name_any(), &pp, &Patch::Apply(obj))
-        .await
-        .unwrap_or_else(|e| panic!("applying {} {}: {e}", gvk.kind, obj.name_any()));
-}
-
-/// Applies every document of `path` whose kind is in `kinds` (all when empty).
-async fn apply_manifest(client: &Client, path: &str, kinds: &[&str]) {
-    for obj in manifest(path) {
-        if kinds.is_empty() || kinds.contains(&kind_of(&obj)) {
-            apply(client, &obj).await;
-        }
-    }
-}
+// Manifests, applied as they are shipped (support::manifests).
 
 /// The ServiceAccount a Deployment manifest runs as: `(namespace, name)`. Also checks that
 /// the RBAC manifest binds exactly that ServiceAccount.

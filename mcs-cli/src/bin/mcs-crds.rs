@@ -1,12 +1,20 @@
-//! Prints the mcs CRDs (ServiceExport, ServiceImport, ClusterProperty) as one YAML stream.
+//! Prints the mcs CRDs (ServiceExport, ServiceImport, ClusterProperty) as one YAML stream,
+//! or with `--hub` the hub topology's MemberExport CRD.
 //!
 //! `cargo run -p mcs-cli --bin mcs-crds > deploy/crds/mcs-crds.yaml`
+//! `cargo run -p mcs-cli --bin mcs-crds -- --hub > deploy/hub/memberexports.yaml`
 
 use std::io::Write;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    match mcs_core::api::crd::to_yaml(&mcs_core::api::crd::all()) {
+    let hub = std::env::args().skip(1).any(|a| a == "--hub");
+    let rendered = if hub {
+        mcs_kube::hub::crd_yaml().map_err(|e| e.to_string())
+    } else {
+        mcs_core::api::crd::to_yaml(&mcs_core::api::crd::all()).map_err(|e| e.to_string())
+    };
+    match rendered {
         Ok(yaml) => {
             let mut out = std::io::stdout().lock();
             if let Err(e) = out.write_all(yaml.as_bytes()).and_then(|()| out.flush()) {

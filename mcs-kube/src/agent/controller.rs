@@ -1,110 +1,45 @@
-//! Wiring: watches in every member feed the index; dirty services are merged and the
-//! resulting writes are applied to the agent's own cluster.
+//! Wiring only: sources feed facts into the state; the state says which services they
+//! touched; kube-runtime's scheduler delays and de-duplicates the work (reconciles,
+//! publications, retries, member checks); plans go to the writer, records to the
+//! publisher. Decisions live in `state`, `health`, `reconcile` and `desired`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::{Namespace, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::Api;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
-use mcs_core::ClusterId;
-use mcs_core::api::{
-    LABEL_SERVICE_NAME, MCS_GROUP, v1alpha1, v1beta1::ServiceExport, v1beta1::ServiceImport,
-};
-use mcs_core::merge::{ClusterSetState, Constituent, ServiceFacts, Stability};
+use futures::{FutureExt, StreamExt};
+use kube::runtime::scheduler::{ScheduleRequest, Scheduler, scheduler};
 use mcs_core::name::ServiceRef;
 use tokio::sync::mpsc;
 
-use super::desired::{
-    LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY, LABEL_SLICE_MANAGED_BY, MANAGED_BY,
-};
-use super::index::{Key, Store, key_of, own_key};
-use super::reconcile::{self, Observed, ServiceInputs};
+use super::health::retry_delay;
+use super::index::Touched;
+use super::publish::{self, PUBLISHING, Publisher};
+use super::reconcile;
+use super::source::{self, Fact};
+use super::state::{Mode, Settings, State};
 use super::writer::Writer;
-use super::{AgentConfig, AgentError, AgentHealth, AgentMetrics, ResyncRequests};
+use super::{AgentConfig, AgentError, AgentHealth, AgentMetrics, ResyncRequests, Topology};
 
-/// One member's watched state.
-struct MemberState {
-    id: ClusterId,
-    exports: Store<ServiceExport>,
-    services: Store<Service>,
-    slices: Store<EndpointSlice>,
-    /// When the member's watches started failing (None: healthy).
-    watch_failing_since: Option<Instant>,
-    /// When the member's health probe started failing (None: healthy). Probes catch what a
-    /// live watch does not: revoked access, a server that stopped answering new requests.
-    probe_failing_since: Option<Instant>,
-    /// The member has been unreachable for longer than the grace period: its exports are
-    /// left out of the merge until it answers again.
-    removed: bool,
-    /// The last error of each failing watch (by kind), and whether it was a 403; cleared
-    /// by the next event of that kind.
-    watch_errors: BTreeMap<&'static str, (String, bool)>,
+/// Work the scheduler hands out.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Due {
+    /// Merge, plan and write one service.
+    Reconcile(ServiceRef),
+    /// Publish the agent's record of one service on the hub.
+    Publish(ServiceRef),
+    /// Judge member health (a Lease may have expired, a grace period ended).
+    Members,
 }
 
-impl MemberState {
-    /// Since when the member is failing, if it is.
-    fn failing_since(&self) -> Option<Instant> {
-        match (self.watch_failing_since, self.probe_failing_since) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
-    }
-}
-
-/// The agent's own cluster: what it has written and the namespaces that exist.
-struct LocalState {
-    namespaces: Store<Namespace>,
-    imports: Store<ServiceImport>,
-    imported: Store<EndpointSlice>,
-}
-
-// Each fact is moved through the channel once; boxing would only add an allocation per
-// watch event.
-#[allow(clippy::large_enum_variant)]
-enum Fact {
-    Export(Event<ServiceExport>),
-    Service(Event<Service>),
-    Slice(Event<EndpointSlice>),
-    Namespace(Event<Namespace>),
-    Import(Event<ServiceImport>),
-    Imported(Event<EndpointSlice>),
-    /// A watch failed: its kind, the error and whether the API server refused it (403).
-    Error(&'static str, String, bool),
-    Probe(Result<(), String>),
-}
-
-impl Fact {
-    /// The kind of the watch an event came from (as passed to `spawn_watch`).
-    fn kind(&self) -> Option<&'static str> {
-        Some(match self {
-            Fact::Export(_) => KIND_EXPORT,
-            Fact::Service(_) => KIND_SERVICE,
-            Fact::Slice(_) => KIND_SLICE,
-            Fact::Namespace(_) => KIND_NAMESPACE,
-            Fact::Import(_) => KIND_IMPORT,
-            Fact::Imported(_) => KIND_IMPORTED,
-            Fact::Error(..) | Fact::Probe(_) => return None,
-        })
-    }
-}
-
-const KIND_EXPORT: &str = "ServiceExport";
-const KIND_SERVICE: &str = "Service";
-const KIND_SLICE: &str = "EndpointSlice";
-const KIND_NAMESPACE: &str = "Namespace";
-const KIND_IMPORT: &str = "ServiceImport";
-const KIND_IMPORTED: &str = "imported EndpointSlice";
-
-struct Msg {
-    member: usize,
-    fact: Fact,
+/// Services a full pass still has to reconcile, and what to do when it is done.
+struct Pass {
+    remaining: BTreeSet<ServiceRef>,
+    /// The resync request it answers (`None`: the first pass after the first sync).
+    resync: Option<u64>,
 }
 
 /// Runs the agent until `shutdown` completes.
@@ -116,543 +51,320 @@ pub(super) async fn run(
     mut resync: ResyncRequests,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), AgentError> {
-    let local_index = config
-        .members
-        .iter()
-        .position(|m| m.id == config.local)
-        .ok_or_else(|| {
-            AgentError::Config(format!(
-                "the members do not include the local cluster {}",
-                config.local
-            ))
-        })?;
-    let (tx, mut rx) = mpsc::channel::<Msg>(4096);
+    let (tx, mut rx) = mpsc::channel::<Fact>(4096);
     let mut tasks = tokio::task::JoinSet::new();
-    for (i, member) in config.members.iter().enumerate() {
-        let client = member.client.clone();
-        spawn_export_watch(&mut tasks, &tx, i, client.clone());
-        spawn_probe(&mut tasks, &tx, i, client.clone(), config.probe_interval);
-        spawn_watch(
-            &mut tasks,
-            &tx,
-            i,
-            KIND_SERVICE,
-            Api::<Service>::all(client.clone()),
-            watcher::Config::default(),
-            Fact::Service,
-        );
-        // The Services' own slices: those of a Kubernetes Service that no MCS controller wrote.
-        let source = watcher::Config::default()
-            .labels(&format!("{LABEL_K8S_SERVICE_NAME},!{LABEL_SERVICE_NAME}"));
-        spawn_watch(
-            &mut tasks,
-            &tx,
-            i,
-            KIND_SLICE,
-            Api::<EndpointSlice>::all(client.clone()),
-            source,
-            Fact::Slice,
-        );
-        if i == local_index {
-            spawn_watch(
-                &mut tasks,
-                &tx,
-                i,
-                KIND_NAMESPACE,
-                Api::<Namespace>::all(client.clone()),
-                watcher::Config::default(),
-                Fact::Namespace,
-            );
-            // Read as untyped objects: a hand-written import with a value the typed API
-            // rejects must not stop the watch; it becomes a foreign import left alone.
-            let resource = kube::api::ApiResource::erase::<ServiceImport>(&());
-            spawn_watch(
-                &mut tasks,
-                &tx,
-                i,
-                KIND_IMPORT,
-                Api::<kube::api::DynamicObject>::all_with(client.clone(), &resource),
-                watcher::Config::default(),
-                |e| Fact::Import(map_event(e, typed_import)),
-            );
-            let ours = watcher::Config::default()
-                .labels(&format!("{LABEL_SLICE_MANAGED_BY}={MANAGED_BY}"));
-            spawn_watch(
-                &mut tasks,
-                &tx,
-                i,
-                KIND_IMPORTED,
-                Api::<EndpointSlice>::all(client),
-                ours,
-                Fact::Imported,
-            );
+    let (mode, local_client, peers, publisher) = match &config.topology {
+        Topology::Mesh { members } => {
+            let local = members
+                .iter()
+                .find(|m| m.id == config.local)
+                .ok_or_else(|| {
+                    AgentError::Config(format!(
+                        "the members do not include the local cluster {}",
+                        config.local
+                    ))
+                })?;
+            for member in members {
+                source::mesh::spawn(&mut tasks, &tx, member, config.probe_interval);
+            }
+            let peers: Vec<_> = members.iter().map(|m| m.id.clone()).collect();
+            (Mode::Mesh, local.client.clone(), peers, None)
         }
-    }
+        Topology::Hub(hub) => {
+            source::local::spawn_exported(&mut tasks, &tx, &config.local, &hub.local);
+            source::hub::spawn(&mut tasks, &tx, &config.local, &hub.hub);
+            publish::spawn_lease(
+                &mut tasks,
+                &tx,
+                &hub.hub,
+                &config.local,
+                hub.lease_duration,
+                &config.field_manager,
+            );
+            let publisher = Publisher::new(hub.hub.clone(), &config.local, &config.field_manager);
+            (Mode::Hub, hub.local.clone(), Vec::new(), Some(publisher))
+        }
+    };
+    source::local::spawn_own(&mut tasks, &tx, &config.local, &local_client);
     drop(tx);
 
-    let mut members: Vec<MemberState> = config
-        .members
-        .iter()
-        .map(|m| MemberState {
-            id: m.id.clone(),
-            exports: Store::new(own_key),
-            services: Store::new(service_of_service),
-            slices: Store::new(service_of_slice),
-            watch_failing_since: None,
-            probe_failing_since: None,
-            removed: false,
-            watch_errors: BTreeMap::new(),
-        })
-        .collect();
-    let mut local = LocalState {
-        namespaces: Store::new(namespace_key),
-        imports: Store::new(own_key),
-        imported: Store::new(service_of_mcs_slice),
-    };
-    let mut merge = ClusterSetState::new(Stability::Sticky);
-    let writer = Writer::new(
-        config.members[local_index].client.clone(),
-        config.field_manager.clone(),
+    let mut state = State::new(
+        Settings {
+            local: config.local.clone(),
+            mode,
+            grace: config.unreachable_grace,
+            allowed_namespaces: config.allowed_namespaces.clone(),
+        },
+        peers,
     );
-    let mut dirty: BTreeSet<Key> = BTreeSet::new();
-    let mut retry: BTreeMap<Key, (Instant, u32)> = BTreeMap::new();
+    let writer = Writer::new(local_client, config.field_manager.clone());
+    let (schedule_tx, schedule_rx) = futures::channel::mpsc::unbounded::<ScheduleRequest<Due>>();
+    let mut scheduler = std::pin::pin!(scheduler(schedule_rx));
+    let schedule = |due: Due, at: Instant| {
+        let _ = schedule_tx.unbounded_send(ScheduleRequest {
+            message: due,
+            run_at: at.into(),
+        });
+    };
+    let mut attempts: HashMap<Due, u32> = HashMap::new();
     // Writes the own cluster refused (403), by service: they make the agent not ready.
-    let mut forbidden: BTreeMap<Key, String> = BTreeMap::new();
-    let mut tick = tokio::time::interval(Duration::from_millis(500));
-    let mut last_resync = Instant::now();
-    // A requested resync (`ResyncHandle`) whose pass has not completed yet.
-    let mut resync_pending: Option<u64> = None;
+    let mut forbidden: BTreeMap<ServiceRef, String> = BTreeMap::new();
+    let mut pass: Option<Pass> = None;
+    let mut first_pass_done = false;
+    // A resync requested that has not started yet (it starts once synced and idle).
+    let mut resync_wanted: Option<u64> = None;
+    let mut resync_timer =
+        tokio::time::interval_at(tokio::time::Instant::now() + config.resync, config.resync);
     let mut shutdown = std::pin::pin!(shutdown);
 
     loop {
+        let synced = state.synced();
+        let can_publish = state.own_exports_synced();
         tokio::select! {
             () = &mut shutdown => break,
-            msg = rx.recv() => {
-                let Some(msg) = msg else { break };
-                handle(&mut members, &mut local, msg, &mut dirty);
-                // Take everything already queued before reconciling (coalesces bursts).
-                while let Ok(msg) = rx.try_recv() {
-                    handle(&mut members, &mut local, msg, &mut dirty);
+            fact = rx.recv() => {
+                let Some(fact) = fact else { break };
+                let now = Instant::now();
+                let mut changes = state.handle(fact, now);
+                // Take everything already queued before working (coalesces bursts).
+                while let Ok(fact) = rx.try_recv() {
+                    let more = state.handle(fact, now);
+                    changes.reconcile.extend(more.reconcile);
+                    changes.publish.extend(more.publish);
+                    changes.members |= more.members;
+                    changes.hub_answering |= more.hub_answering;
+                }
+                if changes.hub_answering {
+                    // Publications waiting out a backoff go now.
+                    changes.publish.extend(state.own_exported());
+                    attempts.retain(|due, _| !matches!(due, Due::Publish(_)));
+                }
+                if changes.members {
+                    let (touched, next) = state.judge_members(now);
+                    changes.reconcile.extend(touched);
+                    if let Some(at) = next {
+                        schedule(Due::Members, at);
+                    }
+                }
+                for service in changes.reconcile {
+                    schedule(Due::Reconcile(service), now);
+                }
+                if mode == Mode::Hub {
+                    for service in changes.publish {
+                        schedule(Due::Publish(service), now);
+                    }
+                }
+            }
+            _ = resync_timer.tick() => {
+                let now = Instant::now();
+                for service in state.all_services() {
+                    schedule(Due::Reconcile(service), now);
+                }
+                if mode == Mode::Hub {
+                    for service in state.own_exported() {
+                        schedule(Due::Publish(service), now);
+                    }
                 }
             }
             Ok(()) = resync.requests.changed() => {
-                resync_pending = Some(*resync.requests.borrow_and_update());
-                mark_all_dirty(&members, &local, &mut dirty);
+                resync_wanted = Some(*resync.requests.borrow_and_update());
             }
-            _ = tick.tick() => {
-                let now = Instant::now();
-                for m in members.iter_mut() {
-                    if let Some(since) = m.failing_since()
-                        && !m.removed
-                        && m.id != config.local
-                        && now.duration_since(since) >= config.unreachable_grace
-                    {
-                        tracing::warn!(cluster = %m.id, "member unreachable for longer than the grace period; removing its endpoints");
-                        m.removed = true;
-                        dirty.extend(all_services(m));
-                    }
+            due = next_due(scheduler.as_mut(), synced, can_publish) => {
+                let Some(due) = due else { break };
+                // Take everything else already due (one batch of work).
+                let mut batch = vec![due];
+                while let Some(Some(more)) =
+                    next_due(scheduler.as_mut(), synced, can_publish).now_or_never()
+                {
+                    batch.push(more);
                 }
-                let due: Vec<Key> = retry.iter().filter(|(_, (at, _))| *at <= now).map(|(k, _)| k.clone()).collect();
-                dirty.extend(due);
-                if now.duration_since(last_resync) >= config.resync {
-                    last_resync = now;
-                    mark_all_dirty(&members, &local, &mut dirty);
+                for due in batch {
+                    work(
+                        due,
+                        &mut state,
+                        &writer,
+                        publisher.as_ref(),
+                        &metrics,
+                        &mut attempts,
+                        &mut forbidden,
+                        &mut pass,
+                        &schedule,
+                    )
+                    .await;
                 }
             }
         }
-        let synced = members.iter().all(|m| {
-            m.removed || (m.exports.is_listed() && m.services.is_listed() && m.slices.is_listed())
-        }) && local.namespaces.is_listed()
-            && local.imports.is_listed()
-            && local.imported.is_listed();
-        if !synced || dirty.is_empty() {
-            let reason = not_ready_reason(&members, local_index, &local, &forbidden, synced);
-            report_health(&config.local, &ready, &health, reason);
-            if synced && let Some(id) = resync_pending.take() {
-                // Nothing to reconcile: the requested pass is trivially complete.
-                resync.completed.send_replace(id);
+        if state.synced() && pass.is_none() {
+            if !first_pass_done {
+                // The first full pass after the first sync: readiness waits for it.
+                pass = Some(start_pass(&state, None, &schedule));
+            } else if let Some(id) = resync_wanted.take() {
+                pass = Some(start_pass(&state, Some(id), &schedule));
             }
-            continue;
         }
-        let keys = std::mem::take(&mut dirty);
         let now = Instant::now();
-        for key in keys {
-            let Ok(service) = ServiceRef::new(&key.0, &key.1) else {
-                continue;
-            };
-            update_merge(&mut merge, &members, &service, &key, &config);
-            let inputs = inputs_for(&members, &local, &merge, &service, &key, &config, now);
-            let plan = reconcile::plan(&inputs);
-            metrics.reconciles.inc();
-            match writer.execute(&service, plan).await {
-                Ok(()) => {
-                    retry.remove(&key);
-                    forbidden.remove(&key);
-                }
-                Err(e) if e.is_namespace_terminating() => {
-                    // The namespace started terminating before its watch said so: nothing
-                    // is to be written there any more (the next plan for it is empty).
-                    tracing::debug!(service = %service, error = %e, "namespace is being terminated; not writing into it");
-                    retry.remove(&key);
-                    forbidden.remove(&key);
-                }
-                Err(e) => {
-                    metrics.errors.inc();
-                    let attempts = retry.get(&key).map_or(0, |(_, n)| *n) + 1;
-                    let delay = Duration::from_millis(250 * 2u64.pow(attempts.min(7)));
-                    if e.is_forbidden() {
-                        if !forbidden.contains_key(&key) {
-                            tracing::error!(service = %service, error = %e, "the agent's own cluster refused a write (403): its identity lacks a permission of deploy/rbac/agent-local.yaml; not ready, retrying in {delay:?}");
-                        }
-                        forbidden.insert(key.clone(), e.to_string());
-                    } else {
-                        forbidden.remove(&key);
-                        tracing::warn!(service = %service, error = %e, attempt = attempts, "reconcile failed; retrying in {delay:?}");
-                    }
-                    retry.insert(key, (Instant::now() + delay, attempts));
-                }
-            }
-        }
-        metrics
-            .services
-            .set(i64::try_from(merge.len()).unwrap_or(i64::MAX));
-        metrics.reachable.set(
-            i64::try_from(
-                members
-                    .iter()
-                    .filter(|m| m.failing_since().is_none())
-                    .count(),
+        metrics.set_services(state.merge.len());
+        metrics.set_reachable(state.reachable_members(now));
+        metrics.set_hub_reachable(mode == Mode::Hub && !state.hub.down());
+        let finishing = pass.as_ref().is_some_and(|p| p.remaining.is_empty());
+        let initial_done =
+            first_pass_done || (finishing && pass.as_ref().is_some_and(|p| p.resync.is_none()));
+        let reason = if !state.synced() || !initial_done {
+            Some(
+                state
+                    .not_ready_reason(&forbidden)
+                    .unwrap_or_else(|| "starting: the first reconcile has not run yet".to_owned()),
             )
-            .unwrap_or(0),
-        );
-        let reason = not_ready_reason(&members, local_index, &local, &forbidden, synced);
-        report_health(&config.local, &ready, &health, reason);
-        if let Some(id) = resync_pending.take() {
-            // Every service dirty when the resync was requested was reconciled just now.
-            resync.completed.send_replace(id);
+        } else {
+            state.not_ready_reason(&forbidden)
+        };
+        // Readiness first: whoever waits for the pass then reads it up to date.
+        report_health(&config, &ready, &health, reason);
+        if finishing && let Some(p) = pass.take() {
+            match p.resync {
+                Some(id) => {
+                    resync.completed.send_replace(id);
+                }
+                None => first_pass_done = true,
+            }
         }
     }
     tasks.abort_all();
     Ok(())
 }
 
-fn spawn_watch<K, F>(
-    tasks: &mut tokio::task::JoinSet<()>,
-    tx: &mpsc::Sender<Msg>,
-    member: usize,
-    kind: &'static str,
-    api: Api<K>,
-    config: watcher::Config,
-    wrap: F,
-) where
-    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
-    F: Fn(Event<K>) -> Fact + Send + 'static,
-{
-    let tx = tx.clone();
-    tasks.spawn(async move {
-        let stream = watcher::watcher(api, config).default_backoff();
-        forward(stream, tx, member, kind, wrap).await;
-    });
-}
-
-/// Watches ServiceExports at the version the member serves: `v1beta1`, or `v1alpha1` on a
-/// member that has not upgraded its CRDs (identical schema, converted on the way in).
-fn spawn_export_watch(
-    tasks: &mut tokio::task::JoinSet<()>,
-    tx: &mpsc::Sender<Msg>,
-    member: usize,
-    client: kube::Client,
-) {
-    let tx = tx.clone();
-    tasks.spawn(async move {
-        let alpha_only = match kube::discovery::group(&client, MCS_GROUP).await {
-            // Versions are per resource: a member may serve ServiceImports at v1beta1 and
-            // still serve ServiceExports at v1alpha1 only.
-            Ok(group) => {
-                let serves = |version: &str| {
-                    group.versioned_resources(version).iter().any(|(r, _)| r.plural == "serviceexports")
-                };
-                !serves("v1beta1") && serves("v1alpha1")
-            }
-            // Unreachable or no MCS CRDs yet: watch v1beta1 and let the watch report errors.
-            Err(_) => false,
-        };
-        if alpha_only {
-            tracing::info!(member, "member serves only multicluster.x-k8s.io/v1alpha1; reading ServiceExports at v1alpha1");
-            let stream = watcher::watcher(Api::<v1alpha1::ServiceExport>::all(client), watcher::Config::default()).default_backoff();
-            forward(stream, tx, member, KIND_EXPORT, |e| Fact::Export(map_event(e, Into::into))).await;
-        } else {
-            let stream = watcher::watcher(Api::<ServiceExport>::all(client), watcher::Config::default()).default_backoff();
-            forward(stream, tx, member, KIND_EXPORT, Fact::Export).await;
-        }
-    });
-}
-
-/// Lists one ServiceExport every `interval` and reports whether that worked.
-fn spawn_probe(
-    tasks: &mut tokio::task::JoinSet<()>,
-    tx: &mpsc::Sender<Msg>,
-    member: usize,
-    client: kube::Client,
-    interval: Duration,
-) {
-    let tx = tx.clone();
-    tasks.spawn(async move {
-        let api = Api::<ServiceExport>::all(client);
-        let mut tick = tokio::time::interval(interval);
-        loop {
-            tick.tick().await;
-            let result = tokio::time::timeout(
-                interval.max(Duration::from_secs(1)),
-                api.list_metadata(&kube::api::ListParams::default().limit(1)),
-            )
-            .await
-            .map_err(|_| "no answer in time".to_owned())
-            .and_then(|r| r.map(|_| ()).map_err(|e| e.to_string()));
-            if tx
-                .send(Msg {
-                    member,
-                    fact: Fact::Probe(result),
-                })
-                .await
-                .is_err()
-            {
-                return;
-            }
-        }
-    });
-}
-
-fn map_event<A, B>(event: Event<A>, f: impl Fn(A) -> B) -> Event<B> {
-    match event {
-        Event::Apply(a) => Event::Apply(f(a)),
-        Event::Delete(a) => Event::Delete(f(a)),
-        Event::Init => Event::Init,
-        Event::InitApply(a) => Event::InitApply(f(a)),
-        Event::InitDone => Event::InitDone,
-    }
-}
-
-/// The typed import, or, for an object the typed API rejects, an import with only its
-/// name and namespace: it carries no `managed-by` label, so the agent treats it as foreign
-/// and never writes to it.
-fn typed_import(obj: kube::api::DynamicObject) -> ServiceImport {
-    let metadata = obj.metadata.clone();
-    match serde_json::to_value(&obj)
-        .map_err(|e| e.to_string())
-        .and_then(|v| serde_json::from_value::<ServiceImport>(v).map_err(|e| e.to_string()))
-    {
-        Ok(typed) => typed,
-        Err(error) => {
-            tracing::warn!(
-                namespace = metadata.namespace.as_deref().unwrap_or(""),
-                name = metadata.name.as_deref().unwrap_or(""),
-                error,
-                "malformed ServiceImport; leaving it alone"
-            );
-            let mut placeholder = ServiceImport::new(
-                metadata.name.as_deref().unwrap_or(""),
-                mcs_core::api::ServiceImportSpec::new(
-                    mcs_core::api::ServiceImportType::ClusterSetIp,
-                ),
-            );
-            placeholder.metadata.namespace = metadata.namespace;
-            placeholder.metadata.resource_version = metadata.resource_version;
-            placeholder
-        }
-    }
-}
-
-async fn forward<K, F>(
-    stream: impl Stream<Item = Result<Event<K>, watcher::Error>>,
-    tx: mpsc::Sender<Msg>,
-    member: usize,
-    kind: &'static str,
-    wrap: F,
-) where
-    F: Fn(Event<K>) -> Fact,
-{
-    let mut stream = std::pin::pin!(stream);
-    while let Some(event) = stream.next().await {
-        let fact = match event {
-            Ok(event) => wrap(event),
-            Err(e) => {
-                let (error, forbidden) = describe_watch_error(&e);
-                Fact::Error(kind, error, forbidden)
-            }
-        };
-        if tx.send(Msg { member, fact }).await.is_err() {
-            return;
-        }
-    }
-}
-
-fn handle(
-    members: &mut [MemberState],
-    local: &mut LocalState,
-    msg: Msg,
-    dirty: &mut BTreeSet<Key>,
-) {
-    let Some(m) = members.get_mut(msg.member) else {
-        return;
-    };
-    let was_failing = m.failing_since().is_some();
-    if let Some(kind) = msg.fact.kind() {
-        m.watch_errors.remove(kind);
-    }
-    match &msg.fact {
-        Fact::Error(kind, error, forbidden) => {
-            let known = m.watch_errors.contains_key(kind);
-            if *forbidden && !known {
-                tracing::error!(cluster = %m.id, kind, error, "watch forbidden (403): the identity used for this cluster lacks a permission (deploy/rbac/agent-local.yaml in the agent's own cluster, agent-peer-reader.yaml in a peer)");
-            }
-            m.watch_errors.insert(kind, (error.clone(), *forbidden));
-            if m.watch_failing_since.is_none() {
-                if !forbidden {
-                    tracing::warn!(cluster = %m.id, kind, error, "watch failing");
-                }
-                m.watch_failing_since = Some(Instant::now());
-            }
-            return;
-        }
-        Fact::Probe(Err(error)) => {
-            if m.probe_failing_since.is_none() {
-                tracing::warn!(cluster = %m.id, error, "health probe failing");
-                m.probe_failing_since = Some(Instant::now());
-            }
-            return;
-        }
-        Fact::Probe(Ok(())) => m.probe_failing_since = None,
-        _ => m.watch_failing_since = None,
-    }
-    if was_failing && m.failing_since().is_none() {
-        tracing::info!(cluster = %m.id, "member reachable again");
-        // Imports reconciled during the outage say the member is unreachable (Ready
-        // message): reconcile its services again, or the note stays until the resync.
-        dirty.extend(m.exports.services().cloned());
-    }
-    if m.removed && m.failing_since().is_none() {
-        m.removed = false;
-        dirty.extend(all_services(m));
-    }
-    let touched = match msg.fact {
-        Fact::Export(e) => m.exports.handle(e),
-        Fact::Service(e) => m.services.handle(e),
-        Fact::Slice(e) => m.slices.handle(e),
-        Fact::Namespace(e) => {
-            let before: BTreeSet<Key> = local.namespaces.services().cloned().collect();
-            local.namespaces.handle(e);
-            let after: BTreeSet<Key> = local.namespaces.services().cloned().collect();
-            // A namespace appearing or going touches every service in it.
-            let changed: BTreeSet<String> = before
-                .symmetric_difference(&after)
-                .map(|k| k.1.clone())
-                .collect();
-            members
-                .iter()
-                .flat_map(all_services)
-                .chain(local.imports.services().cloned())
-                .filter(|k| changed.contains(&k.0))
-                .collect()
-        }
-        Fact::Import(e) => local.imports.handle(e),
-        Fact::Imported(e) => local.imported.handle(e),
-        Fact::Error(..) | Fact::Probe(_) => BTreeSet::new(),
-    };
-    dirty.extend(touched);
-}
-
-/// A watch error in one line, and whether the API server refused the request (403).
-fn describe_watch_error(e: &watcher::Error) -> (String, bool) {
-    let (what, source) = match e {
-        watcher::Error::InitialListFailed(e) => ("list", e),
-        watcher::Error::WatchStartFailed(e) => ("watch", e),
-        watcher::Error::WatchFailed(e) => ("watch", e),
-        watcher::Error::WatchError(status) => {
-            return (
-                format!("watch: {} (HTTP {})", status.message, status.code),
-                status.is_forbidden(),
-            );
-        }
-        other => return (other.to_string(), false),
-    };
-    match source {
-        kube::Error::Api(status) => (
-            format!("{what}: {} (HTTP {})", status.message, status.code),
-            status.is_forbidden(),
-        ),
-        other => (format!("{what}: {other}"), false),
-    }
-}
-
-/// Why the agent is not ready: its own cluster refused a write or a watch (403), or a
-/// watch has not listed yet. A peer's failures do not count once synced: its endpoints
-/// are kept for the grace period, then removed (and said so on the imports).
-fn not_ready_reason(
-    members: &[MemberState],
-    local_index: usize,
-    local: &LocalState,
-    forbidden: &BTreeMap<Key, String>,
+/// The next piece of work that is due and may run: reconciles and member checks once
+/// synced, publications once the agent's own exports are listed.
+async fn next_due<R>(
+    scheduler: Pin<&mut Scheduler<Due, R>>,
     synced: bool,
-) -> Option<String> {
-    let mut reasons = Vec::new();
-    if let Some(((ns, name), error)) = forbidden.iter().next() {
-        let more = match forbidden.len() - 1 {
-            0 => String::new(),
-            n => format!(" (and {n} more service(s))"),
-        };
-        reasons.push(format!(
-            "its own cluster refuses a write for {ns}/{name}{more}: {error}"
-        ));
+    can_publish: bool,
+) -> Option<Due>
+where
+    R: futures::Stream<Item = ScheduleRequest<Due>>,
+{
+    let mut ready = scheduler.hold_unless(move |due: &Due| match due {
+        Due::Publish(_) => can_publish,
+        Due::Reconcile(_) | Due::Members => synced,
+    });
+    ready.next().await
+}
+
+/// Schedules a full pass over every known service now.
+fn start_pass(state: &State, resync: Option<u64>, schedule: &impl Fn(Due, Instant)) -> Pass {
+    let now = Instant::now();
+    let all: Touched = state.all_services();
+    for service in &all {
+        schedule(Due::Reconcile(service.clone()), now);
     }
-    let own = &members[local_index];
-    for (kind, (error, _)) in own.watch_errors.iter().filter(|(_, (_, f))| *f) {
-        reasons.push(format!(
-            "its own cluster {} refuses to let it read {kind}: {error}",
-            own.id
-        ));
+    Pass {
+        remaining: all,
+        resync,
     }
-    if !synced {
-        let mut waiting = Vec::new();
-        for (i, m) in members.iter().enumerate().filter(|(_, m)| !m.removed) {
-            let mut kinds = vec![
-                (KIND_EXPORT, m.exports.is_listed()),
-                (KIND_SERVICE, m.services.is_listed()),
-                (KIND_SLICE, m.slices.is_listed()),
-            ];
-            if i == local_index {
-                kinds.extend([
-                    (KIND_NAMESPACE, local.namespaces.is_listed()),
-                    (KIND_IMPORT, local.imports.is_listed()),
-                    (KIND_IMPORTED, local.imported.is_listed()),
-                ]);
+}
+
+/// Does one piece of work.
+#[allow(clippy::too_many_arguments)]
+async fn work(
+    due: Due,
+    state: &mut State,
+    writer: &Writer,
+    publisher: Option<&Publisher>,
+    metrics: &AgentMetrics,
+    attempts: &mut HashMap<Due, u32>,
+    forbidden: &mut BTreeMap<ServiceRef, String>,
+    pass: &mut Option<Pass>,
+    schedule: &impl Fn(Due, Instant),
+) {
+    let now = Instant::now();
+    let retry = |attempts: &mut HashMap<Due, u32>, due: Due| {
+        let n = attempts.entry(due.clone()).or_insert(0);
+        *n += 1;
+        let delay = retry_delay(*n);
+        schedule(due, Instant::now() + delay);
+        (*n, delay)
+    };
+    match due {
+        Due::Members => {
+            let (touched, next) = state.judge_members(now);
+            for service in touched {
+                schedule(Due::Reconcile(service), now);
             }
-            for (kind, _) in kinds.into_iter().filter(|(_, listed)| !listed) {
-                match m.watch_errors.get(kind) {
-                    // Already said above.
-                    Some((_, true)) if i == local_index => {
-                        waiting.push(format!("{kind} in {}", m.id))
+            if let Some(at) = next {
+                schedule(Due::Members, at);
+            }
+        }
+        Due::Reconcile(service) => {
+            let _span = tracing::debug_span!("reconcile", service = %service).entered();
+            state.update_merge(&service);
+            let plan = reconcile::plan(&state.inputs_for(&service, now));
+            drop(_span);
+            metrics.reconciled();
+            let result = writer.execute(&service, plan).await;
+            if let Some(p) = pass.as_mut() {
+                p.remaining.remove(&service);
+            }
+            match result {
+                Ok(()) => {
+                    attempts.remove(&Due::Reconcile(service.clone()));
+                    forbidden.remove(&service);
+                }
+                Err(e) if e.is_namespace_terminating() => {
+                    // The namespace started terminating before its watch said so: nothing is
+                    // to be written there any more (the next plan for it is empty).
+                    tracing::debug!(service = %service, error = %e, "namespace is being terminated; not writing into it");
+                    attempts.remove(&Due::Reconcile(service.clone()));
+                    forbidden.remove(&service);
+                }
+                Err(e) => {
+                    metrics.failed();
+                    let (n, delay) = retry(attempts, Due::Reconcile(service.clone()));
+                    if e.is_forbidden() {
+                        if !forbidden.contains_key(&service) {
+                            tracing::error!(service = %service, error = %e, "the agent's own cluster refused a write (403): its identity lacks a permission of deploy/rbac/agent-local.yaml; not ready, retrying in {delay:?}");
+                        }
+                        forbidden.insert(service, e.to_string());
+                    } else {
+                        forbidden.remove(&service);
+                        tracing::warn!(service = %service, error = %e, attempt = n, "reconcile failed; retrying in {delay:?}");
                     }
-                    Some((error, _)) => waiting.push(format!("{kind} in {} ({error})", m.id)),
-                    None => waiting.push(format!("{kind} in {}", m.id)),
                 }
             }
         }
-        reasons.push(format!(
-            "not synced: waiting for the first list of {}",
-            waiting.join(", ")
-        ));
+        Due::Publish(service) => {
+            let Some(publisher) = publisher else {
+                return;
+            };
+            let want = state.desired_record(&service);
+            let have = state.published(&service).cloned();
+            let result = publisher.publish(&service, want, have.as_ref()).await;
+            let failed = result.is_err();
+            if let Err(error) = &result {
+                let (n, delay) = retry(attempts, Due::Publish(service.clone()));
+                tracing::warn!(service = %service, error, attempt = n, "publishing to the hub failed; retrying in {delay:?}");
+            } else {
+                attempts.remove(&Due::Publish(service.clone()));
+            }
+            let changes = state.handle(Fact::HubWrite(PUBLISHING, result), now);
+            for s in changes.reconcile {
+                schedule(Due::Reconcile(s), now);
+            }
+            if failed {
+                // The export's Ready condition says the hub cannot be reached.
+                schedule(Due::Reconcile(service), now);
+            }
+        }
     }
-    (!reasons.is_empty()).then(|| reasons.join("; "))
 }
 
 /// Publishes readiness and its reason; logs when either changes.
 fn report_health(
-    cluster: &ClusterId,
+    config: &AgentConfig,
     ready: &AtomicBool,
     health: &AgentHealth,
     reason: Option<String>,
 ) {
+    let cluster = &config.local;
     let now_ready = reason.is_none();
     let was_ready = ready.swap(now_ready, Ordering::AcqRel);
     let changed = health.set(reason.clone());
@@ -664,179 +376,4 @@ fn report_health(
         Some(reason) if changed => tracing::debug!(cluster = %cluster, reason, "agent not ready"),
         _ => {}
     }
-}
-
-/// Marks every service the agent knows of for reconciliation (a full resync).
-fn mark_all_dirty(members: &[MemberState], local: &LocalState, dirty: &mut BTreeSet<Key>) {
-    for m in members {
-        dirty.extend(all_services(m));
-    }
-    dirty.extend(local.imports.services().cloned());
-    dirty.extend(local.imported.services().cloned());
-}
-
-fn all_services(m: &MemberState) -> BTreeSet<Key> {
-    m.exports
-        .services()
-        .chain(m.services.services())
-        .chain(m.slices.services())
-        .cloned()
-        .collect()
-}
-
-/// Feeds the current constituents of one service into the merge state.
-fn update_merge(
-    merge: &mut ClusterSetState,
-    members: &[MemberState],
-    service: &ServiceRef,
-    key: &Key,
-    config: &AgentConfig,
-) {
-    for m in members {
-        let export = m
-            .exports
-            .get(key)
-            .filter(|_| !m.removed && config.namespace_allowed(&key.0));
-        let constituent = export.and_then(|export| {
-            let facts = match m.services.get(key).map(ServiceFacts::try_from) {
-                None => None,
-                Some(Ok(facts)) => Some(facts),
-                Some(Err(e)) => {
-                    tracing::warn!(cluster = %m.id, service = %service, error = %e, "exported Service cannot be merged");
-                    return None;
-                }
-            };
-            match Constituent::from_export(m.id.clone(), export, facts) {
-                Ok(c) => Some(c),
-                Err(e) => {
-                    tracing::warn!(cluster = %m.id, service = %service, error = %e, "ServiceExport cannot be merged");
-                    None
-                }
-            }
-        });
-        match constituent {
-            Some(c) => {
-                merge.upsert(service, c);
-            }
-            None => {
-                merge.remove(service, &m.id);
-            }
-        }
-    }
-}
-
-/// Everything the pure planner needs about one service.
-fn inputs_for<'a>(
-    members: &'a [MemberState],
-    local: &'a LocalState,
-    merge: &'a ClusterSetState,
-    service: &ServiceRef,
-    key: &Key,
-    config: &'a AgentConfig,
-    now: Instant,
-) -> ServiceInputs<'a> {
-    let local_member = members.iter().find(|m| m.id == config.local);
-    let mut sources: HashMap<ClusterId, Vec<&'a EndpointSlice>> = HashMap::new();
-    let mut unreachable = Vec::new();
-    for m in members {
-        if m.removed {
-            if m.exports.get(key).is_some() {
-                unreachable.push((m.id.clone(), true));
-            }
-            continue;
-        }
-        if m.failing_since().is_some() && m.exports.get(key).is_some() {
-            unreachable.push((m.id.clone(), false));
-        }
-        sources.insert(m.id.clone(), m.slices.of_service(key).collect());
-    }
-    let local_export = local_member.and_then(|m| m.exports.get(key));
-    let local_service_error = local_member.and_then(|m| {
-        local_export?;
-        match m.services.get(key).map(ServiceFacts::try_from) {
-            Some(Err(e)) => Some(e.to_string()),
-            _ => None,
-        }
-    });
-    let derived = local_member
-        .map(|m| {
-            m.services
-                .of_service(key)
-                .filter(|s| is_ours(&s.metadata.labels))
-                .collect::<Vec<_>>()
-        })
-        .unwrap_or_default();
-    let namespace = local.namespaces.get(&(String::new(), key.0.clone()));
-    ServiceInputs {
-        service: service.clone(),
-        local: config.local.clone(),
-        namespace_exists: namespace.is_some(),
-        namespace_terminating: namespace.is_some_and(is_terminating),
-        namespace_allowed: config.namespace_allowed(&key.0),
-        outcome: merge.outcome(service),
-        sources,
-        unreachable,
-        grace: config.unreachable_grace,
-        observed: Observed {
-            import: local.imports.get(key),
-            derived,
-            imported: local.imported.of_service(key).collect(),
-            export: local_export,
-        },
-        local_service_error,
-        now_hint: now,
-    }
-}
-
-/// Whether a namespace is being deleted (its content is being removed; the API server
-/// refuses new objects in it).
-fn is_terminating(namespace: &Namespace) -> bool {
-    namespace.metadata.deletion_timestamp.is_some()
-        || namespace
-            .status
-            .as_ref()
-            .and_then(|s| s.phase.as_deref())
-            .is_some_and(|phase| phase == "Terminating")
-}
-
-fn is_ours(labels: &Option<BTreeMap<String, String>>) -> bool {
-    labels
-        .as_ref()
-        .and_then(|l| l.get(LABEL_MANAGED_BY))
-        .is_some_and(|v| v == MANAGED_BY)
-}
-
-/// A Service belongs to its own key, except the derived Services the agent writes, which
-/// belong to the multi-cluster service they serve.
-fn service_of_service(s: &Service) -> Option<Key> {
-    let labels = &s.metadata.labels;
-    if is_ours(labels)
-        && let Some(name) = labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME))
-    {
-        return Some((
-            s.metadata.namespace.clone().unwrap_or_default(),
-            name.clone(),
-        ));
-    }
-    Some(key_of(s))
-}
-
-fn service_of_slice(s: &EndpointSlice) -> Option<Key> {
-    let name = s.metadata.labels.as_ref()?.get(LABEL_K8S_SERVICE_NAME)?;
-    Some((
-        s.metadata.namespace.clone().unwrap_or_default(),
-        name.clone(),
-    ))
-}
-
-fn service_of_mcs_slice(s: &EndpointSlice) -> Option<Key> {
-    let name = s.metadata.labels.as_ref()?.get(LABEL_SERVICE_NAME)?;
-    Some((
-        s.metadata.namespace.clone().unwrap_or_default(),
-        name.clone(),
-    ))
-}
-
-fn namespace_key(n: &Namespace) -> Option<Key> {
-    Some((String::new(), n.metadata.name.clone().unwrap_or_default()))
 }

@@ -1,17 +1,21 @@
 //! State from watch events, after kubert's index: `apply`, `delete`, and a re-list applied
-//! as one atomic `reset`. Every change reports which services (`<ns>/<name>`) it touched,
-//! so the controller reconciles only those.
+//! as one atomic `reset`. Every change reports which services it touched, so the
+//! controller reconciles only those.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use kube::Resource;
 use kube::runtime::watcher::Event;
+use mcs_core::name::ServiceRef;
 
-/// `(namespace, name)`.
-pub type Key = (String, String);
+/// An object's `(namespace, name)`.
+pub(crate) type Key = (String, String);
+
+/// The services a change touched.
+pub(crate) type Touched = BTreeSet<ServiceRef>;
 
 /// The key of an object.
-pub fn key_of<K: Resource>(obj: &K) -> Key {
+pub(crate) fn key_of<K: Resource>(obj: &K) -> Key {
     let meta = obj.meta();
     (
         meta.namespace.clone().unwrap_or_default(),
@@ -21,10 +25,10 @@ pub fn key_of<K: Resource>(obj: &K) -> Key {
 
 /// Objects of one kind from one cluster, with the service each belongs to.
 #[derive(Debug)]
-pub struct Store<K> {
+pub(crate) struct Store<K> {
     objects: BTreeMap<Key, K>,
-    by_service: BTreeMap<Key, BTreeSet<Key>>,
-    service_of: fn(&K) -> Option<Key>,
+    by_service: BTreeMap<ServiceRef, BTreeSet<Key>>,
+    service_of: fn(&K) -> Option<ServiceRef>,
     listing: Vec<K>,
     listed: bool,
 }
@@ -32,7 +36,7 @@ pub struct Store<K> {
 impl<K: Resource + Clone + PartialEq> Store<K> {
     /// An empty store; `service_of` says which service an object belongs to (`None`:
     /// ignore the object).
-    pub fn new(service_of: fn(&K) -> Option<Key>) -> Self {
+    pub(crate) fn new(service_of: fn(&K) -> Option<ServiceRef>) -> Self {
         Self {
             objects: BTreeMap::new(),
             by_service: BTreeMap::new(),
@@ -43,30 +47,29 @@ impl<K: Resource + Clone + PartialEq> Store<K> {
     }
 
     /// Applies one watch event; returns the services it touched.
-    pub fn handle(&mut self, event: Event<K>) -> BTreeSet<Key> {
+    pub(crate) fn handle(&mut self, event: Event<K>) -> Touched {
         match event {
             Event::Apply(obj) => self.apply(obj),
             Event::Delete(obj) => self.delete(&key_of(&obj)),
             Event::Init => {
                 self.listing.clear();
-                BTreeSet::new()
+                Touched::new()
             }
             Event::InitApply(obj) => {
                 self.listing.push(obj);
-                BTreeSet::new()
+                Touched::new()
             }
             Event::InitDone => {
                 let list = std::mem::take(&mut self.listing);
-                self.listed = true;
                 self.reset(list)
             }
         }
     }
 
     /// Adds or replaces an object.
-    pub fn apply(&mut self, obj: K) -> BTreeSet<Key> {
+    pub(crate) fn apply(&mut self, obj: K) -> Touched {
         let key = key_of(&obj);
-        let mut touched = BTreeSet::new();
+        let mut touched = Touched::new();
         if self.objects.get(&key) == Some(&obj) {
             return touched;
         }
@@ -84,8 +87,8 @@ impl<K: Resource + Clone + PartialEq> Store<K> {
     }
 
     /// Removes an object.
-    pub fn delete(&mut self, key: &Key) -> BTreeSet<Key> {
-        let mut touched = BTreeSet::new();
+    pub(crate) fn delete(&mut self, key: &Key) -> Touched {
+        let mut touched = Touched::new();
         if let Some(old) = self.objects.remove(key)
             && let Some(service) = (self.service_of)(&old)
         {
@@ -101,7 +104,8 @@ impl<K: Resource + Clone + PartialEq> Store<K> {
     }
 
     /// Replaces everything with `list` at once; returns the services whose objects changed.
-    pub fn reset(&mut self, list: Vec<K>) -> BTreeSet<Key> {
+    pub(crate) fn reset(&mut self, list: Vec<K>) -> Touched {
+        self.listed = true;
         let fresh: BTreeSet<Key> = list.iter().map(key_of).collect();
         let gone: Vec<Key> = self
             .objects
@@ -109,7 +113,7 @@ impl<K: Resource + Clone + PartialEq> Store<K> {
             .filter(|k| !fresh.contains(*k))
             .cloned()
             .collect();
-        let mut touched = BTreeSet::new();
+        let mut touched = Touched::new();
         for key in gone {
             touched.extend(self.delete(&key));
         }
@@ -119,21 +123,57 @@ impl<K: Resource + Clone + PartialEq> Store<K> {
         touched
     }
 
-    /// Drops everything (a cluster left); returns the services that had objects.
-    pub fn clear(&mut self) -> BTreeSet<Key> {
-        let touched = self.by_service.keys().cloned().collect();
-        self.objects.clear();
-        self.by_service.clear();
+    /// Replaces the objects of one service with `list` (a per-service re-list, or a hub
+    /// record's new content); returns the services whose objects changed.
+    pub(crate) fn replace_service(&mut self, service: &ServiceRef, list: Vec<K>) -> Touched {
+        let fresh: BTreeSet<Key> = list.iter().map(key_of).collect();
+        let gone: Vec<Key> = self
+            .by_service
+            .get(service)
+            .into_iter()
+            .flatten()
+            .filter(|k| !fresh.contains(*k))
+            .cloned()
+            .collect();
+        let mut touched = Touched::new();
+        for key in gone {
+            touched.extend(self.delete(&key));
+        }
+        for obj in list {
+            touched.extend(self.apply(obj));
+        }
         touched
     }
 
-    /// The object with `key`.
-    pub fn get(&self, key: &Key) -> Option<&K> {
-        self.objects.get(key)
+    /// Drops everything (a member left); returns the services that had objects. The store
+    /// counts as listed: there is nothing more to wait for.
+    pub(crate) fn clear(&mut self) -> Touched {
+        let touched = self.by_service.keys().cloned().collect();
+        self.objects.clear();
+        self.by_service.clear();
+        self.listing.clear();
+        self.listed = true;
+        touched
+    }
+
+    /// Marks the store as listed without a list (its objects come per service).
+    pub(crate) fn mark_listed(&mut self) {
+        self.listed = true;
+    }
+
+    /// The object named like `service` (a ServiceExport, a Service, a ServiceImport).
+    pub(crate) fn named(&self, service: &ServiceRef) -> Option<&K> {
+        self.objects.get(&(
+            service.namespace.as_str().to_owned(),
+            service.name.as_str().to_owned(),
+        ))
     }
 
     /// The objects belonging to `service`.
-    pub fn of_service<'a>(&'a self, service: &Key) -> impl Iterator<Item = &'a K> + 'a {
+    pub(crate) fn of_service<'a>(
+        &'a self,
+        service: &ServiceRef,
+    ) -> impl Iterator<Item = &'a K> + 'a {
         self.by_service
             .get(service)
             .into_iter()
@@ -142,30 +182,33 @@ impl<K: Resource + Clone + PartialEq> Store<K> {
     }
 
     /// Every service with at least one object.
-    pub fn services(&self) -> impl Iterator<Item = &Key> {
+    pub(crate) fn services(&self) -> impl Iterator<Item = &ServiceRef> {
         self.by_service.keys()
     }
 
     /// Whether the first list has completed.
-    pub fn is_listed(&self) -> bool {
+    pub(crate) fn is_listed(&self) -> bool {
         self.listed
     }
 
     /// Number of objects.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.objects.len()
-    }
-
-    /// Whether the store is empty.
-    pub fn is_empty(&self) -> bool {
-        self.objects.is_empty()
     }
 }
 
-/// Objects that are services themselves (ServiceExport, Service, ServiceImport, Namespace
-/// keyed by name).
-pub fn own_key<K: Resource>(obj: &K) -> Option<Key> {
-    Some(key_of(obj))
+/// Objects named like their service (ServiceExport, Service, ServiceImport).
+pub(crate) fn own_service<K: Resource>(obj: &K) -> Option<ServiceRef> {
+    let meta = obj.meta();
+    ServiceRef::new(meta.namespace.as_deref()?, meta.name.as_deref()?).ok()
+}
+
+/// The service a label names, in the object's namespace.
+pub(crate) fn labelled_service<K: Resource>(obj: &K, label: &str) -> Option<ServiceRef> {
+    let meta = obj.meta();
+    let name = meta.labels.as_ref()?.get(label)?;
+    ServiceRef::new(meta.namespace.as_deref()?, name).ok()
 }
 
 #[cfg(test)]
@@ -195,16 +238,15 @@ mod tests {
         }
     }
 
-    fn service_of(s: &EndpointSlice) -> Option<Key> {
-        let svc = s
-            .metadata
-            .labels
-            .as_ref()?
-            .get("kubernetes.io/service-name")?;
-        Some((s.metadata.namespace.clone()?, svc.clone()))
+    fn service_of(s: &EndpointSlice) -> Option<ServiceRef> {
+        labelled_service(s, "kubernetes.io/service-name")
     }
 
-    fn k(s: &str) -> Key {
+    fn k(s: &str) -> ServiceRef {
+        ServiceRef::new("ns", s).unwrap()
+    }
+
+    fn o(s: &str) -> Key {
         ("ns".into(), s.into())
     }
 
@@ -236,8 +278,41 @@ mod tests {
         let touched = store.handle(Event::InitDone);
         assert_eq!(touched, BTreeSet::from([k("c"), k("d")]));
         assert!(store.is_listed());
-        assert_eq!(store.delete(&k("d-1")), BTreeSet::from([k("d")]));
+        assert_eq!(store.delete(&o("d-1")), BTreeSet::from([k("d")]));
         assert_eq!(store.clear(), BTreeSet::from([k("b")]));
-        assert!(store.is_empty());
+        assert_eq!(store.len(), 0);
+    }
+
+    #[test]
+    fn replacing_one_service_leaves_the_others() {
+        let mut store = Store::new(service_of);
+        store.apply(slice("a-1", "a", "1"));
+        store.apply(slice("a-2", "a", "1"));
+        store.apply(slice("b-1", "b", "1"));
+        let touched = store.replace_service(
+            &k("a"),
+            vec![slice("a-2", "a", "1"), slice("a-3", "a", "1")],
+        );
+        assert_eq!(touched, BTreeSet::from([k("a")]));
+        let names: Vec<_> = store
+            .of_service(&k("a"))
+            .filter_map(|s| s.metadata.name.clone())
+            .collect();
+        assert_eq!(names, ["a-2", "a-3"]);
+        assert_eq!(store.of_service(&k("b")).count(), 1);
+        assert!(
+            store
+                .replace_service(
+                    &k("a"),
+                    vec![slice("a-2", "a", "1"), slice("a-3", "a", "1")]
+                )
+                .is_empty(),
+            "same content: nothing touched"
+        );
+        assert_eq!(
+            store.replace_service(&k("a"), vec![]),
+            BTreeSet::from([k("a")])
+        );
+        assert_eq!(store.len(), 1);
     }
 }

@@ -28,8 +28,12 @@
 
 mod controller;
 pub mod desired;
-pub mod index;
-pub mod reconcile;
+mod health;
+pub(crate) mod index;
+mod publish;
+pub(crate) mod reconcile;
+mod source;
+mod state;
 mod writer;
 
 use std::future::Future;
@@ -63,15 +67,68 @@ impl std::fmt::Debug for Member {
     }
 }
 
+/// How an agent learns what the other members export.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum Topology {
+    /// Every agent reads every member's API server directly (small sets).
+    Mesh {
+        /// Every member, this cluster included.
+        members: Vec<Member>,
+    },
+    /// Every agent publishes what its cluster exports to a hub API server and reads the
+    /// other members' records there (see [`crate::hub`]).
+    Hub(HubConfig),
+}
+
+/// The hub topology's settings.
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct HubConfig {
+    /// A client for the agent's own cluster.
+    pub local: kube::Client,
+    /// A client for the hub, with this member's hub identity.
+    pub hub: kube::Client,
+    /// The member's Lease duration on the hub (default 40 s; renewed every third of it).
+    pub lease_duration: Duration,
+}
+
+impl HubConfig {
+    /// The hub topology with these clients and the default Lease duration.
+    pub fn new(local: kube::Client, hub: kube::Client) -> Self {
+        Self {
+            local,
+            hub,
+            lease_duration: Duration::from_secs(40),
+        }
+    }
+
+    /// Sets the Lease duration.
+    #[must_use]
+    pub fn lease_duration(mut self, duration: Duration) -> Self {
+        self.lease_duration = duration.max(Duration::from_secs(1));
+        self
+    }
+}
+
+impl std::fmt::Debug for HubConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HubConfig")
+            .field("lease_duration", &self.lease_duration)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Agent settings.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct AgentConfig {
     /// This cluster's id.
     pub local: ClusterId,
-    /// Every member, this cluster included.
-    pub members: Vec<Member>,
-    /// How long an unreachable member's endpoints are kept (default 60 s).
+    /// How the agent reaches the other members.
+    pub topology: Topology,
+    /// How long an unreachable member's endpoints are kept (default 60 s): a mesh member
+    /// whose API server fails, a hub member whose Lease has expired.
     pub unreachable_grace: Duration,
     /// The server-side apply field manager (default `mcs-agent`).
     pub field_manager: String,
@@ -84,11 +141,21 @@ pub struct AgentConfig {
 }
 
 impl AgentConfig {
-    /// Settings for `local` with these members and the defaults.
+    /// Settings for `local` in the mesh topology with these members (`local` included) and
+    /// the defaults.
     pub fn new(local: ClusterId, members: Vec<Member>) -> Self {
+        Self::with_topology(local, Topology::Mesh { members })
+    }
+
+    /// Settings for `local` in the hub topology.
+    pub fn hub(local: ClusterId, hub: HubConfig) -> Self {
+        Self::with_topology(local, Topology::Hub(hub))
+    }
+
+    fn with_topology(local: ClusterId, topology: Topology) -> Self {
         Self {
             local,
-            members,
+            topology,
             unreachable_grace: Duration::from_secs(60),
             field_manager: "mcs-agent".to_owned(),
             resync: Duration::from_secs(300),
@@ -229,6 +296,7 @@ pub struct AgentMetrics {
     errors: Counter,
     services: Gauge,
     reachable: Gauge,
+    hub_reachable: Gauge,
 }
 
 impl AgentMetrics {
@@ -254,6 +322,11 @@ impl AgentMetrics {
             "Members whose watches are healthy",
             self.reachable.clone(),
         );
+        registry.register(
+            "mcs_agent_hub_reachable",
+            "1 when the hub answers (hub topology), else 0",
+            self.hub_reachable.clone(),
+        );
     }
 
     /// Reconciles so far.
@@ -264,6 +337,26 @@ impl AgentMetrics {
     /// Reconciles that failed so far (each is retried).
     pub fn reconcile_errors(&self) -> u64 {
         self.errors.get()
+    }
+
+    fn reconciled(&self) {
+        self.reconciles.inc();
+    }
+
+    fn failed(&self) {
+        self.errors.inc();
+    }
+
+    fn set_services(&self, n: usize) {
+        self.services.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    fn set_reachable(&self, n: usize) {
+        self.reachable.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    fn set_hub_reachable(&self, up: bool) {
+        self.hub_reachable.set(i64::from(up));
     }
 }
 

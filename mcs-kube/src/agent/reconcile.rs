@@ -2,7 +2,7 @@
 //! writes for one service. Pure: no I/O, time passed in.
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -24,7 +24,7 @@ use super::desired::{self, LABEL_MANAGED_BY, MANAGED_BY};
 
 /// What the agent sees of its own objects for one service.
 #[derive(Debug, Default)]
-pub struct Observed<'a> {
+pub(crate) struct Observed<'a> {
     /// The ServiceImport, if any.
     pub import: Option<&'a ServiceImport>,
     /// Derived Services the agent wrote for this service.
@@ -35,9 +35,22 @@ pub struct Observed<'a> {
     pub export: Option<&'a ServiceExport>,
 }
 
+/// Where the local export stands in being published to the other members.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Publication {
+    /// Mesh: the other members read it from this cluster directly.
+    Direct,
+    /// Hub: the record on the hub says what this cluster exports.
+    Published,
+    /// Hub: the record is not written yet.
+    Pending,
+    /// Hub: the record cannot be written, the hub is unreachable.
+    HubUnreachable,
+}
+
 /// Everything the planner needs about one service.
 #[derive(Debug)]
-pub struct ServiceInputs<'a> {
+pub(crate) struct ServiceInputs<'a> {
     /// The service.
     pub service: ServiceRef,
     /// The agent's cluster.
@@ -61,13 +74,15 @@ pub struct ServiceInputs<'a> {
     pub observed: Observed<'a>,
     /// Why the local exported Service cannot be merged, if it cannot.
     pub local_service_error: Option<String>,
-    /// Monotonic now.
-    pub now_hint: Instant,
+    /// The hub is unreachable: imports are as last known (hub topology).
+    pub hub_unreachable: bool,
+    /// Whether the local export has reached the other members.
+    pub publication: Publication,
 }
 
 /// The writes for one service, in order.
 #[derive(Debug, Default)]
-pub struct Plan {
+pub(crate) struct Plan {
     /// Apply this ServiceImport (metadata and spec; `spec.ips` from the derived Service).
     pub import: Option<ServiceImport>,
     /// Apply the derived Service with these ports (ClusterSetIP only).
@@ -88,27 +103,13 @@ pub struct Plan {
     pub foreign_import: bool,
 }
 
-impl Plan {
-    /// Whether nothing is to be written.
-    pub fn is_empty(&self) -> bool {
-        self.import.is_none()
-            && self.derived_ports.is_none()
-            && self.import_status.is_none()
-            && self.apply_slices.is_empty()
-            && self.delete_slices.is_empty()
-            && !self.delete_import
-            && self.delete_derived.is_empty()
-            && self.export_conditions.is_none()
-    }
-}
-
 /// Computes the writes for one service. `wall` is the current time for new conditions.
-pub fn plan(inputs: &ServiceInputs<'_>) -> Plan {
+pub(crate) fn plan(inputs: &ServiceInputs<'_>) -> Plan {
     plan_at(inputs, &Time(k8s_openapi::jiff::Timestamp::now()))
 }
 
 /// [`plan`] with the time passed in.
-pub fn plan_at(inputs: &ServiceInputs<'_>, wall: &Time) -> Plan {
+pub(crate) fn plan_at(inputs: &ServiceInputs<'_>, wall: &Time) -> Plan {
     if inputs.namespace_terminating {
         // The API server refuses new objects there, and the namespace controller removes
         // the agent's objects with everything else: an expected state with nothing to do.
@@ -313,6 +314,12 @@ fn import_ready(
     }
     let _ = (merged, clusterset_ip);
     let mut notes = Vec::new();
+    if inputs.hub_unreachable {
+        notes.push(
+            "the hub is unreachable; the endpoints are as last known and nothing is removed until it answers"
+                .to_owned(),
+        );
+    }
     for (cluster, removed) in &inputs.unreachable {
         if *removed {
             notes.push(format!(
@@ -373,12 +380,32 @@ fn export_conditions(inputs: &ServiceInputs<'_>, wall: &Time) -> Option<Vec<Cond
         return None;
     };
     let ready = if valid.status == ConditionStatus::True {
-        DesiredCondition::new(
-            ready_t,
-            ConditionStatus::True,
-            ExportReadyReason::Ready.as_str(),
-            "the service is exported to the ClusterSet",
-        )
+        match inputs.publication {
+            Publication::Direct => DesiredCondition::new(
+                ready_t,
+                ConditionStatus::True,
+                ExportReadyReason::Ready.as_str(),
+                "the service is exported to the ClusterSet",
+            ),
+            Publication::Published => DesiredCondition::new(
+                ready_t,
+                ConditionStatus::True,
+                ExportReadyReason::Exported.as_str(),
+                "the service is published to the ClusterSet's hub",
+            ),
+            Publication::Pending => DesiredCondition::new(
+                ready_t,
+                ConditionStatus::False,
+                ExportReadyReason::Pending.as_str(),
+                "publishing the export to the ClusterSet's hub",
+            ),
+            Publication::HubUnreachable => DesiredCondition::new(
+                ready_t,
+                ConditionStatus::False,
+                ExportReadyReason::Pending.as_str(),
+                "the ClusterSet's hub is unreachable; the export is published when it answers",
+            ),
+        }
     } else {
         DesiredCondition::new(
             ready_t,

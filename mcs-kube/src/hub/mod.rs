@@ -31,6 +31,14 @@
 
 pub mod record;
 
+use kube::CustomResourceExt;
+
+/// The MemberExport CRD as YAML, as shipped in `deploy/hub/memberexports.yaml` (install it
+/// on the hub only).
+pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
+    serde_yaml::to_string(&record::MemberExport::crd())
+}
+
 /// The API group of the hub records.
 pub const HUB_GROUP: &str = "hub.mcs.dev";
 /// Marks a hub namespace as a member's: the value is the member's cluster id.
@@ -61,7 +69,17 @@ pub fn member_namespace(cluster: &mcs_core::ClusterId) -> String {
 mod tests {
     use mcs_core::ClusterId;
 
-    use super::member_namespace;
+    use super::{crd_yaml, member_namespace};
+
+    #[test]
+    fn the_shipped_crd_is_the_generated_one() {
+        let shipped = include_str!("../../../deploy/hub/memberexports.yaml");
+        assert_eq!(
+            shipped,
+            crd_yaml().unwrap(),
+            "regenerate: cargo run -p mcs-cli --bin mcs-crds -- --hub > deploy/hub/memberexports.yaml"
+        );
+    }
 
     #[test]
     fn member_namespaces_are_valid_names() {

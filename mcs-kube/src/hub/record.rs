@@ -28,6 +28,7 @@ use crate::agent::desired::LABEL_K8S_SERVICE_NAME;
     plural = "memberexports",
     singular = "memberexport",
     namespaced,
+    derive = "PartialEq",
     printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.cluster"}"#,
     printcolumn = r#"{"name":"Service","type":"string","jsonPath":".spec.name"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
@@ -380,6 +381,6 @@ mod tests {
         assert_eq!(json["apiVersion"], "hub.mcs.dev/v1alpha1");
         assert_eq!(json["spec"]["exportCreated"], "2026-12-01T10:00:00Z");
         let back: MemberExport = serde_json::from_value(json).unwrap();
-        assert_eq!((back.metadata, back.spec), (record.metadata, record.spec));
+        assert_eq!(back, record);
     }
 }

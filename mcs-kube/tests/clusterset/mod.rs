@@ -17,7 +17,9 @@ use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use mcs_core::ClusterId;
 use mcs_core::api::{ServiceExportSpec, v1beta1::ServiceExport, v1beta1::ServiceImport};
 use mcs_kube::admin::Readiness;
-use mcs_kube::agent::{Agent, AgentConfig, AgentMetrics, AgentReadiness, Member, ResyncHandle};
+use mcs_kube::agent::{
+    Agent, AgentConfig, AgentMetrics, AgentReadiness, HubConfig, Member, ResyncHandle,
+};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
@@ -41,10 +43,34 @@ struct RunningAgent {
     metrics: AgentMetrics,
 }
 
+/// How the agents learn of each other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Topo {
+    /// Every agent reads every member's API server.
+    Mesh,
+    /// A fourth API server is the hub; agents publish there with least-privilege hub
+    /// identities (`deploy/rbac/hub*.yaml`, applied as shipped).
+    Hub,
+}
+
+/// The hub of a [`Topo::Hub`] set.
+pub struct Hub {
+    pub cluster: TestCluster,
+    /// Admin client.
+    pub admin: Client,
+    /// Each member's hub client, with its least-privilege identity.
+    pub members: Vec<Client>,
+}
+
+/// Lease duration of hub-topology test agents (renewed every third of it).
+pub const HUB_LEASE: Duration = Duration::from_secs(3);
+
 pub struct ClusterSet {
     pub clusters: Vec<TestCluster>,
     pub clients: Vec<Client>,
     pub ids: Vec<ClusterId>,
+    pub topo: Topo,
+    pub hub: Option<Hub>,
     agents: Vec<Option<RunningAgent>>,
     grace: Duration,
     configure: fn(AgentConfig) -> AgentConfig,
@@ -54,6 +80,95 @@ impl ClusterSet {
     /// Starts `names.len()` clusters and one agent per cluster.
     pub async fn start(names: &[&str], controller_manager: bool) -> Self {
         Self::start_with(names, controller_manager, Duration::from_secs(60)).await
+    }
+
+    /// Starts `names.len()` clusters (and a hub, for [`Topo::Hub`]) and one agent per
+    /// cluster.
+    pub async fn start_in(topo: Topo, names: &[&str], controller_manager: bool) -> Self {
+        Self::start_topo(
+            topo,
+            names,
+            controller_manager,
+            Duration::from_secs(60),
+            true,
+            |c| c,
+        )
+        .await
+    }
+
+    /// [`ClusterSet::start_in`] with the grace period and agent settings given.
+    pub async fn start_topo(
+        topo: Topo,
+        names: &[&str],
+        controller_manager: bool,
+        grace: Duration,
+        agents: bool,
+        configure: fn(AgentConfig) -> AgentConfig,
+    ) -> Self {
+        let mut all: Vec<&str> = names.to_vec();
+        if topo == Topo::Hub {
+            all.push("hub");
+        }
+        let mut clusters = support::start_clusters_with(
+            &all,
+            ClusterOptions {
+                controller_manager,
+                install_crds: true,
+            },
+        )
+        .await;
+        let hub = match topo {
+            Topo::Mesh => None,
+            Topo::Hub => {
+                let cluster = clusters.pop().expect("the hub");
+                let admin = cluster.client().await;
+                setup_hub(&admin, names).await;
+                let mut members = Vec::new();
+                for name in names {
+                    members.push(hub_identity(&cluster, &ClusterId::new(*name).unwrap()).await);
+                }
+                Some(Hub {
+                    cluster,
+                    admin,
+                    members,
+                })
+            }
+        };
+        let mut clients = Vec::new();
+        for c in &clusters {
+            clients.push(c.client().await);
+        }
+        let ids = names.iter().map(|n| ClusterId::new(*n).unwrap()).collect();
+        let mut set = Self {
+            clusters,
+            clients,
+            ids,
+            topo,
+            hub,
+            agents: Vec::new(),
+            grace,
+            configure,
+        };
+        for i in 0..names.len() {
+            let agent = agents.then(|| set.spawn_agent(i));
+            set.agents.push(agent);
+        }
+        set
+    }
+
+    /// The hub, for a [`Topo::Hub`] set.
+    pub fn hub(&self) -> &Hub {
+        self.hub.as_ref().expect("a hub-topology ClusterSet")
+    }
+
+    /// The hub, to stop and start it.
+    pub fn hub_mut(&mut self) -> &mut Hub {
+        self.hub.as_mut().expect("a hub-topology ClusterSet")
+    }
+
+    /// A hub client with member `i`'s hub identity (`mcs:member:<id>`, group `mcs:members`).
+    pub fn hub_client_of(&self, i: usize) -> Client {
+        self.hub().members[i].clone()
     }
 
     /// Starts the clusters with no agent.
@@ -89,32 +204,15 @@ impl ClusterSet {
         agents: bool,
         configure: fn(AgentConfig) -> AgentConfig,
     ) -> Self {
-        let clusters = support::start_clusters_with(
+        Self::start_topo(
+            Topo::Mesh,
             names,
-            ClusterOptions {
-                controller_manager,
-                install_crds: true,
-            },
-        )
-        .await;
-        let mut clients = Vec::new();
-        for c in &clusters {
-            clients.push(c.client().await);
-        }
-        let ids = names.iter().map(|n| ClusterId::new(*n).unwrap()).collect();
-        let mut set = Self {
-            clusters,
-            clients,
-            ids,
-            agents: Vec::new(),
+            controller_manager,
             grace,
+            agents,
             configure,
-        };
-        for i in 0..names.len() {
-            let agent = agents.then(|| set.spawn_agent(i));
-            set.agents.push(agent);
-        }
-        set
+        )
+        .await
     }
 
     /// Every cluster as an agent member, reached directly with the admin client.
@@ -130,11 +228,21 @@ impl ClusterSet {
     }
 
     fn spawn_agent(&self, i: usize) -> RunningAgent {
-        let mut members = self.members();
         // Its own cluster through a recording client, so tests can check what it wrote.
         let requests = RequestLog::new();
-        members[i].client = support::recorded(&members[i].client, &requests);
-        let config = AgentConfig::new(self.ids[i].clone(), members)
+        let own = support::recorded(&self.clients[i], &requests);
+        let config = match &self.hub {
+            None => {
+                let mut members = self.members();
+                members[i].client = own;
+                AgentConfig::new(self.ids[i].clone(), members)
+            }
+            Some(hub) => AgentConfig::hub(
+                self.ids[i].clone(),
+                HubConfig::new(own, hub.members[i].clone()).lease_duration(HUB_LEASE),
+            ),
+        };
+        let config = config
             .unreachable_grace(self.grace)
             .resync(Duration::from_secs(30))
             .probe_interval(Duration::from_secs(1));
@@ -223,6 +331,47 @@ impl ClusterSet {
     pub fn client(&self, i: usize) -> &Client {
         &self.clients[i]
     }
+}
+
+/// Installs the hub's CRD and roles (`deploy/rbac/hub.yaml`) and each member's namespace
+/// and bindings (`deploy/rbac/hub-member.yaml`), as shipped.
+async fn setup_hub(admin: &Client, names: &[&str]) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::CustomResourceExt;
+    use kube::api::{Patch, PatchParams};
+    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
+    let crd = mcs_kube::hub::record::MemberExport::crd();
+    crds.patch(
+        crd.metadata.name.as_deref().unwrap_or_default(),
+        &PatchParams::apply("mcs-test-harness").force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .expect("install the MemberExport CRD on the hub");
+    support::wait_for(
+        "the MemberExport CRD established",
+        Duration::from_secs(60),
+        || async {
+            let api: Api<mcs_kube::hub::record::MemberExport> = Api::all(admin.clone());
+            api.list(&ListParams::default().limit(1))
+                .await
+                .ok()
+                .map(|_| ())
+        },
+    )
+    .await;
+    support::apply_manifest(admin, "deploy/rbac/hub.yaml", &[]).await;
+    for name in names {
+        for obj in support::manifest_with("deploy/rbac/hub-member.yaml", &[("MEMBER_ID", name)]) {
+            support::apply(admin, &obj).await;
+        }
+    }
+}
+
+/// A hub client with `id`'s member identity.
+pub async fn hub_identity(hub: &TestCluster, id: &ClusterId) -> Client {
+    hub.client_as_user(&format!("mcs:member:{id}"), &["mcs:members"])
+        .await
 }
 
 impl Drop for ClusterSet {
@@ -445,6 +594,76 @@ pub async fn mcs_slices(client: &Client, ns: &str, name: &str) -> Vec<EndpointSl
     .items
 }
 
+/// Creates or replaces the Service's own EndpointSlice `src-<svc>` with ready endpoints on
+/// `tcp/TCP/42` and `udp/UDP/42`, as the EndpointSlice controller would.
+pub async fn set_source(client: &Client, ns: &str, svc: &str, ips: &[&str]) {
+    use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort};
+    use kube::api::{Patch, PatchParams};
+    let slice = EndpointSlice {
+        address_type: "IPv4".into(),
+        metadata: ObjectMeta {
+            name: Some(format!("src-{svc}")),
+            namespace: Some(ns.into()),
+            labels: Some(BTreeMap::from([
+                ("kubernetes.io/service-name".to_owned(), svc.to_owned()),
+                (
+                    "endpointslice.kubernetes.io/managed-by".to_owned(),
+                    "test-source".to_owned(),
+                ),
+            ])),
+            ..Default::default()
+        },
+        endpoints: ips
+            .iter()
+            .map(|ip| Endpoint {
+                addresses: vec![(*ip).to_owned()],
+                conditions: Some(EndpointConditions {
+                    ready: Some(true),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .collect(),
+        ports: Some(
+            [("tcp", "TCP"), ("udp", "UDP")]
+                .iter()
+                .map(|(name, protocol)| EndpointPort {
+                    name: Some((*name).into()),
+                    port: Some(42),
+                    protocol: Some((*protocol).into()),
+                    app_protocol: None,
+                })
+                .collect(),
+        ),
+    };
+    Api::<EndpointSlice>::namespaced(client.clone(), ns)
+        .patch(
+            &format!("src-{svc}"),
+            &PatchParams::apply("test-source").force(),
+            &Patch::Apply(&slice),
+        )
+        .await
+        .expect("apply source EndpointSlice");
+}
+
+/// The addresses the imported slices of `name` in this cluster carry for `source`.
+pub async fn imported_from(client: &Client, ns: &str, name: &str, source: &str) -> Vec<String> {
+    let mut addrs: Vec<String> = mcs_slices(client, ns, name)
+        .await
+        .into_iter()
+        .filter(|s| {
+            s.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("multicluster.kubernetes.io/source-cluster"))
+                .is_some_and(|c| c == source)
+        })
+        .flat_map(|s| s.endpoints.into_iter().flat_map(|e| e.addresses))
+        .collect();
+    addrs.sort();
+    addrs
+}
+
 /// The conformance two-cluster driver's pause between the two exports, so their
 /// creation timestamps (1 s resolution) differ.
 pub async fn conformance_pause() {
@@ -520,6 +739,15 @@ where
             events,
             task,
         }
+    }
+
+    /// The events seen so far.
+    pub fn seen(&mut self) -> Vec<String> {
+        let mut seen = Vec::new();
+        while let Ok(event) = self.events.try_recv() {
+            seen.push(event);
+        }
+        seen
     }
 
     /// Asserts the object was not changed since the watch opened. Call it after the event

@@ -22,6 +22,7 @@
 //! - `process`: child processes, scratch directories, ports and logs;
 //! - `pki`: each cluster's CA and certificates; `kubeconfig`: its admin kubeconfig;
 //! - [`objects`]: namespaces, the fake Node, ready Pods, tokens and the CRDs;
+//! - [`manifests`]: `deploy/` manifests read and applied as shipped;
 //! - [`wait`]: polling with a deadline ([`wait_for`]); [`requests`]: what one client asked
 //!   ([`recorded`]); [`http`]: plain HTTP through hyper; [`dns`]: a DNS resolver for tests.
 //!
@@ -34,6 +35,7 @@ pub mod cluster;
 pub mod dns;
 pub mod http;
 mod kubeconfig;
+pub mod manifests;
 pub mod objects;
 mod pki;
 mod process;
@@ -42,4 +44,6 @@ pub mod wait;
 
 // Every user of the harness takes what it needs, so each leaves some of these unused.
 #[allow(unused_imports)]
-pub use self::{bins::*, cluster::*, dns::*, http::*, objects::*, requests::*, wait::*};
+pub use self::{
+    bins::*, cluster::*, dns::*, http::*, manifests::*, objects::*, requests::*, wait::*,
+};

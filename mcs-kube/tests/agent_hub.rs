@@ -1,0 +1,385 @@
+//! The hub topology on real API servers: three members and a hub (a fourth kube-apiserver
+//! with etcd), agents with least-privilege hub identities (`deploy/rbac/hub*.yaml` as
+//! shipped): imports from the hub's records, what a member may do there, Lease expiry and
+//! return, a hub outage, a member's restart, and what each agent watches in its own cluster.
+
+mod clusterset;
+mod support;
+
+use std::time::Duration;
+
+use clusterset::*;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, ListParams, PostParams};
+use mcs_core::api::v1beta1::ServiceImport;
+use mcs_kube::hub::record::{MemberExport, MemberExportSpec};
+
+const NS: &str = "loyalty";
+/// Short enough that an expired Lease shows in seconds.
+const GRACE: Duration = Duration::from_secs(3);
+
+/// Exports `accrual` from east (10.10.0.5) and west (10.20.0.5) and waits until north
+/// imports both clusters' endpoints.
+async fn offer_both(set: &ClusterSet) {
+    set.namespace(NS).await;
+    for (i, ip) in [(0, "10.10.0.5"), (1, "10.20.0.5")] {
+        create_service(set.client(i), NS, &hello_service("accrual")).await;
+        set_source(set.client(i), NS, "accrual", &[ip]).await;
+        export(set.client(i), NS, "accrual", None).await;
+    }
+    wait_endpoints(set, 2, "east", &["10.10.0.5"]).await;
+    wait_endpoints(set, 2, "west", &["10.20.0.5"]).await;
+}
+
+/// Waits until cluster `i` imports exactly `want` from `source`.
+async fn wait_endpoints(set: &ClusterSet, i: usize, source: &str, want: &[&str]) {
+    let want: Vec<String> = want.iter().map(|s| s.to_string()).collect();
+    support::wait_for(
+        &format!("{} importing {want:?} from {source}", set.ids[i]),
+        SLICE_TIMEOUT,
+        || async {
+            (imported_from(set.client(i), NS, "accrual", source).await == want).then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_merge_each_others_records_from_the_hub() {
+    let set = ClusterSet::start_in(Topo::Hub, &["east", "west", "north"], false).await;
+    offer_both(&set).await;
+    for i in 0..3 {
+        wait_import(set.client(i), NS, "accrual", "both clusters listed", |si| {
+            clusters_of(si) == ["east", "west"]
+        })
+        .await;
+    }
+    // Ready: the export reached the hub.
+    let ready = wait_export_condition(
+        set.client(0),
+        NS,
+        "accrual",
+        "Ready",
+        "True",
+        Some("Exported"),
+    )
+    .await;
+    assert!(ready.message.contains("hub"), "{}", ready.message);
+    // The hub holds one record per exporting member, named <namespace>.<name>.
+    let east: Api<MemberExport> = Api::namespaced(set.hub().admin.clone(), "mcs-member-east");
+    let record = east.get("loyalty.accrual").await.expect("east's record");
+    assert_eq!(
+        (
+            record.spec.cluster.as_str(),
+            record.spec.namespace.as_str(),
+            record.spec.name.as_str()
+        ),
+        ("east", NS, "accrual")
+    );
+    let addresses: Vec<&str> = record
+        .spec
+        .slices
+        .iter()
+        .flat_map(|s| {
+            s.endpoints
+                .iter()
+                .flat_map(|e| e.addresses.iter().map(String::as_str))
+        })
+        .collect();
+    assert_eq!(addresses, ["10.10.0.5"]);
+    let north: Api<MemberExport> = Api::namespaced(set.hub().admin.clone(), "mcs-member-north");
+    assert!(
+        north
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty(),
+        "north exports nothing"
+    );
+
+    // Each agent watched only what its cluster exports: its Service by name and its slices
+    // by label, never every Service or EndpointSlice of the cluster (derived Services and
+    // imported slices it wrote are listed by the agent's own label).
+    for i in 0..3 {
+        for r in set.agent_requests(i).snapshot() {
+            let lists_services = r.path.contains("/services") && !r.path.contains("/services/");
+            let lists_slices =
+                r.path.contains("/endpointslices") && !r.path.contains("/endpointslices/");
+            if r.method == "GET" && (lists_services || lists_slices) {
+                let query = r.query.replace("%2F", "/").replace("%3D", "=");
+                assert!(
+                    query.contains("fieldSelector=metadata.name=")
+                        || query.contains("managed-by=mcs-agent")
+                        || query.contains("kubernetes.io/service-name=accrual"),
+                    "{} listed more than what is exported: {}?{}",
+                    set.ids[i],
+                    r.path,
+                    r.query
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_writes_only_its_own_namespace_on_the_hub() {
+    let set =
+        ClusterSet::start_topo(Topo::Hub, &["east", "west"], false, GRACE, false, |c| c).await;
+    let east = set.hub_client_of(0);
+    let record = |cluster: &str| {
+        MemberExport::new(
+            "loyalty.accrual",
+            MemberExportSpec {
+                cluster: cluster.into(),
+                namespace: NS.into(),
+                name: "accrual".into(),
+                export_created: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::now(),
+                ),
+                exported_labels: None,
+                exported_annotations: None,
+                service: None,
+                slices: Vec::new(),
+            },
+        )
+    };
+    let own: Api<MemberExport> = Api::namespaced(east.clone(), "mcs-member-east");
+    own.create(&PostParams::default(), &record("east"))
+        .await
+        .expect("east writes its own records");
+    fn forbidden<T: std::fmt::Debug>(r: Result<T, kube::Error>, what: &str) {
+        match r {
+            Err(kube::Error::Api(s)) if s.code == 403 => {}
+            other => panic!("{what}: want 403, got {other:?}"),
+        }
+    }
+    // Not west's records, nor its Lease.
+    let wests: Api<MemberExport> = Api::namespaced(east.clone(), "mcs-member-west");
+    forbidden(
+        wests.create(&PostParams::default(), &record("west")).await,
+        "east writing west's record",
+    );
+    let lease = Lease {
+        metadata: kube::api::ObjectMeta {
+            name: Some("member".into()),
+            ..Default::default()
+        },
+        spec: None,
+    };
+    forbidden(
+        Api::<Lease>::namespaced(east.clone(), "mcs-member-west")
+            .create(&PostParams::default(), &lease)
+            .await,
+        "east writing west's Lease",
+    );
+    // West's own write goes through; east reads it, but cannot delete it.
+    let west = set.hub_client_of(1);
+    Api::<MemberExport>::namespaced(west, "mcs-member-west")
+        .create(&PostParams::default(), &record("west"))
+        .await
+        .expect("west writes its own records");
+    assert_eq!(
+        wests
+            .list(&ListParams::default())
+            .await
+            .expect("east reads west's records")
+            .items
+            .len(),
+        1
+    );
+    forbidden(
+        wests.delete("loyalty.accrual", &Default::default()).await,
+        "east deleting west's record",
+    );
+    // Nothing else: no Secrets, not even in member namespaces; no cluster-wide reads of
+    // records; no other namespaces' objects.
+    forbidden(
+        Api::<Secret>::namespaced(east.clone(), "mcs-member-west")
+            .list(&ListParams::default())
+            .await,
+        "east listing Secrets",
+    );
+    forbidden(
+        Api::<MemberExport>::all(east.clone())
+            .list(&ListParams::default())
+            .await,
+        "east listing records cluster-wide",
+    );
+    forbidden(
+        Api::<Lease>::namespaced(east.clone(), "kube-system")
+            .list(&ListParams::default())
+            .await,
+        "east listing kube-system Leases",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_lease_expires_leaves_the_imports_and_comes_back() {
+    let mut set = ClusterSet::start_topo(
+        Topo::Hub,
+        &["east", "west", "north"],
+        false,
+        GRACE,
+        true,
+        |c| c,
+    )
+    .await;
+    offer_both(&set).await;
+    // West's agent stops: its records stay on the hub, its Lease is no longer renewed.
+    set.stop_agent(1).await;
+    wait_endpoints(&set, 2, "west", &[]).await;
+    let si = wait_import(
+        set.client(2),
+        NS,
+        "accrual",
+        "west gone from the import",
+        |si| clusters_of(si) == ["east"],
+    )
+    .await;
+    let ready = si
+        .status
+        .and_then(|s| s.conditions)
+        .and_then(|c| c.into_iter().find(|c| c.type_ == "Ready"))
+        .expect("Ready");
+    assert!(
+        ready.message.contains("cluster west is unreachable") && ready.message.contains("removed"),
+        "{}",
+        ready.message
+    );
+    wait_endpoints(&set, 2, "east", &["10.10.0.5"]).await;
+    // It comes back: renewed Lease, its endpoints return.
+    set.start_agent(1);
+    wait_endpoints(&set, 2, "west", &["10.20.0.5"]).await;
+    wait_import(
+        set.client(2),
+        NS,
+        "accrual",
+        "west back in the import",
+        |si| clusters_of(si) == ["east", "west"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hub_outage_removes_nothing_and_state_resyncs_when_it_is_back() {
+    let mut set = ClusterSet::start_topo(
+        Topo::Hub,
+        &["east", "west", "north"],
+        false,
+        GRACE,
+        true,
+        |c| c,
+    )
+    .await;
+    offer_both(&set).await;
+    set.hub_mut().cluster.stop();
+    // Every agent says so.
+    for i in 0..3 {
+        support::wait_for(
+            "the hub unreachable in readiness",
+            IMPORT_TIMEOUT,
+            || async {
+                set.agent_readiness(i)
+                    .err()
+                    .filter(|reason| reason.contains("hub is unreachable"))
+            },
+        )
+        .await;
+    }
+    // West stops exporting while the hub is down: it cannot publish that, and says so.
+    unexport(set.client(1), NS, "accrual").await;
+    // Longer than a Lease plus the grace period: nothing is removed anywhere.
+    let hold = HUB_LEASE + GRACE + Duration::from_secs(2);
+    let end = tokio::time::Instant::now() + hold;
+    while tokio::time::Instant::now() < end {
+        assert_eq!(
+            imported_from(set.client(2), NS, "accrual", "east").await,
+            ["10.10.0.5"]
+        );
+        assert_eq!(
+            imported_from(set.client(2), NS, "accrual", "west").await,
+            ["10.20.0.5"]
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let si: ServiceImport = Api::namespaced(set.client(2).clone(), NS)
+        .get("accrual")
+        .await
+        .unwrap();
+    let ready = si
+        .status
+        .and_then(|s| s.conditions)
+        .and_then(|c| c.into_iter().find(|c| c.type_ == "Ready"))
+        .expect("Ready");
+    assert_eq!(ready.status, "True");
+    assert!(
+        ready.message.contains("hub is unreachable"),
+        "{}",
+        ready.message
+    );
+    // The hub is back: every agent re-lists, and west's withdrawal reaches north.
+    set.hub_mut().cluster.start().await;
+    for i in 0..3 {
+        wait_ready(&set, i).await;
+    }
+    wait_endpoints(&set, 2, "west", &[]).await;
+    wait_import(set.client(2), NS, "accrual", "only east listed", |si| {
+        clusters_of(si) == ["east"]
+    })
+    .await;
+    for i in 0..3 {
+        wait_ready(&set, i).await;
+    }
+}
+
+/// How long the agents may take to resume after the hub comes back: the hub watches retry
+/// at most every 10 s, and a resumed watch may first be told its version is too old (HTTP
+/// 410) and re-list after one more retry.
+const HUB_RESUME: Duration = Duration::from_secs(60);
+
+/// Waits until cluster `i`'s agent is ready; the failure says why it was not.
+async fn wait_ready(set: &ClusterSet, i: usize) {
+    let last = std::sync::Mutex::new(String::new());
+    let ready = tokio::time::timeout(HUB_RESUME, async {
+        loop {
+            match set.agent_readiness(i) {
+                Ok(()) => return,
+                Err(reason) => *last.lock().unwrap() = reason,
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(
+        ready.is_ok(),
+        "the agent of {} not ready after {HUB_RESUME:?}: {}",
+        set.ids[i],
+        last.lock().unwrap()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_member_replaces_its_records_without_a_gap() {
+    let mut set = ClusterSet::start_in(Topo::Hub, &["east", "west", "north"], false).await;
+    offer_both(&set).await;
+    let records: Api<MemberExport> = Api::namespaced(set.hub().admin.clone(), "mcs-member-east");
+    let mut watch = ObjectWatch::open(&records, "loyalty.accrual").await;
+    set.stop_agent(0).await;
+    set.start_agent(0);
+    set.resync(0).await;
+    let seen = watch.seen();
+    assert!(
+        seen.iter().all(|e| !e.starts_with("deleted")),
+        "the record went away during the restart: {seen:?}"
+    );
+    assert!(records.get_opt("loyalty.accrual").await.unwrap().is_some());
+    assert_eq!(
+        imported_from(set.client(2), NS, "accrual", "east").await,
+        ["10.10.0.5"]
+    );
+    watch
+        .assert_unmodified("the restarted agent's record")
+        .await;
+}
