@@ -113,6 +113,7 @@ async fn the_cluster_id_comes_from_the_local_clusters_cluster_property() {
         ClusterOptions {
             controller_manager: false,
             install_crds: true,
+            ..Default::default()
         },
     )
     .await;

@@ -83,6 +83,7 @@ async fn main() {
         support::ClusterOptions {
             controller_manager: false,
             install_crds: true,
+            ..Default::default()
         },
     )
     .await;

@@ -931,6 +931,7 @@ async fn the_dns_server_serves_with_exactly_its_shipped_role_and_servfails_witho
         support::ClusterOptions {
             controller_manager: false,
             install_crds: true,
+            ..Default::default()
         },
     )
     .await;

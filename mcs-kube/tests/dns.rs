@@ -128,6 +128,7 @@ async fn dns_conformance_22_to_27_against_a_real_api_server() {
         ClusterOptions {
             controller_manager: false,
             install_crds: true,
+            ..Default::default()
         },
     )
     .await;
@@ -357,6 +358,7 @@ async fn large_headless_answers_truncate_over_udp_and_complete_over_tcp() {
         ClusterOptions {
             controller_manager: false,
             install_crds: true,
+            ..Default::default()
         },
     )
     .await;

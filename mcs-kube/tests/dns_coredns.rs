@@ -258,6 +258,7 @@ async fn mcs_dns_answers_like_coredns_multicluster() {
         ClusterOptions {
             controller_manager: false,
             install_crds: true,
+            ..Default::default()
         },
     )
     .await;

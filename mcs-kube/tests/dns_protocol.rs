@@ -477,6 +477,7 @@ async fn servfail_until_the_watches_have_listed() {
         ClusterOptions {
             controller_manager: false,
             install_crds: false,
+            ..Default::default()
         },
     )
     .await;

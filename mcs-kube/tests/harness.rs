@@ -114,6 +114,7 @@ async fn api_server_restart_keeps_data() {
     let opts = ClusterOptions {
         controller_manager: false,
         install_crds: false,
+        ..Default::default()
     };
     let mut cluster = start_cluster("restart", opts).await;
     let client = cluster.client().await;
@@ -146,6 +147,7 @@ async fn controller_manager_publishes_endpointslices_and_finalizes_namespaces() 
     let opts = ClusterOptions {
         controller_manager: true,
         install_crds: false,
+        ..Default::default()
     };
     let mut cluster = start_cluster("kcm", opts).await;
     let client = cluster.client().await;
@@ -265,4 +267,75 @@ async fn controller_manager_publishes_endpointslices_and_finalizes_namespaces() 
         .await
         .unwrap_err();
     assert!(err.to_string().contains("loopback"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_gets_the_service_and_pod_cidrs_it_is_started_with() {
+    use k8s_openapi::api::core::v1::Node;
+    use k8s_openapi::api::networking::v1::ServiceCIDR;
+
+    let opts = ClusterOptions {
+        controller_manager: true,
+        install_crds: false,
+        service_cidr: "10.120.0.0/16".into(),
+        pod_cidr: Some("10.20.0.0/16".into()),
+    };
+    let cluster = start_cluster("cidrs", opts).await;
+    let client = cluster.client().await;
+
+    // The API server publishes its range as the ServiceCIDR `kubernetes` and allocates
+    // ClusterIPs from it.
+    let cidrs: Api<ServiceCIDR> = Api::all(client.clone());
+    let published = wait_for("ServiceCIDR kubernetes", Duration::from_secs(60), || {
+        let cidrs = cidrs.clone();
+        async move {
+            cidrs
+                .get_opt("kubernetes")
+                .await
+                .ok()
+                .flatten()
+                .and_then(|c| c.spec)
+                .and_then(|s| s.cidrs)
+        }
+    })
+    .await;
+    assert_eq!(published, vec!["10.120.0.0/16".to_string()]);
+    let svc: Service = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "web", "namespace": "default" },
+        "spec": { "ports": [{ "port": 80 }] }
+    }))
+    .unwrap();
+    let svc = Api::<Service>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &svc)
+        .await
+        .unwrap();
+    let ip = svc.spec.unwrap().cluster_ip.unwrap();
+    assert!(
+        ip.starts_with("10.120."),
+        "ClusterIP {ip} outside 10.120.0.0/16"
+    );
+
+    // The controller manager's node IPAM gives a Node a podCIDR from the pod range.
+    let nodes: Api<Node> = Api::all(client);
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "node-0" }
+    }))
+    .unwrap();
+    nodes.create(&PostParams::default(), &node).await.unwrap();
+    let pod_cidr = wait_for("node-0's podCIDR", Duration::from_secs(60), || {
+        let nodes = nodes.clone();
+        async move {
+            nodes
+                .get("node-0")
+                .await
+                .ok()
+                .and_then(|n| n.spec)
+                .and_then(|s| s.pod_cidr)
+        }
+    })
+    .await;
+    assert!(
+        pod_cidr.starts_with("10.20.") && pod_cidr.ends_with("/24"),
+        "podCIDR {pod_cidr} is not a /24 of 10.20.0.0/16"
+    );
 }

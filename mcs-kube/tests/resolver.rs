@@ -87,6 +87,7 @@ async fn resolves_merges_and_follows_readiness() {
         ClusterOptions {
             controller_manager: false,
             install_crds: true,
+            ..Default::default()
         },
     )
     .await;

@@ -114,6 +114,7 @@ impl ClusterSet {
             ClusterOptions {
                 controller_manager,
                 install_crds: true,
+                ..Default::default()
             },
         )
         .await;

@@ -26,7 +26,8 @@ use super::process::{self, free_ports, reap, scratch_dir, tail};
 /// is set (current names; the old aliases `endpointslice`, ... also work).
 pub const KCM_CONTROLLERS: &str = "endpointslice-controller,endpointslice-mirroring-controller,garbage-collector-controller,namespace-controller";
 
-/// Service CIDR of every test cluster (ClusterIPs are allocated from it).
+/// Service CIDR of a test cluster unless [`ClusterOptions::service_cidr`] says otherwise
+/// (ClusterIPs are allocated from it).
 pub const SERVICE_CIDR: &str = "10.0.0.0/24";
 
 const READY_TIMEOUT: Duration = Duration::from_secs(180);
@@ -42,6 +43,14 @@ pub struct ClusterOptions {
     pub controller_manager: bool,
     /// Install every CRD from `deploy/crds/*.yaml` and wait until it is Established.
     pub install_crds: bool,
+    /// The API server's `--service-cluster-ip-range` (ClusterIPs come from it; the API
+    /// server also publishes it as the ServiceCIDR object `kubernetes`).
+    pub service_cidr: String,
+    /// The cluster's pod CIDR. With [`ClusterOptions::controller_manager`], the
+    /// controller manager also runs its node IPAM controller, which gives every Node a
+    /// `podCIDR` from this range (as `--allocate-node-cidrs --cluster-cidr` do in a real
+    /// cluster). `None`: no pod CIDR, Nodes get none.
+    pub pod_cidr: Option<String>,
 }
 
 impl Default for ClusterOptions {
@@ -49,6 +58,8 @@ impl Default for ClusterOptions {
         Self {
             controller_manager: true,
             install_crds: true,
+            service_cidr: SERVICE_CIDR.to_string(),
+            pod_cidr: None,
         }
     }
 }
@@ -156,6 +167,11 @@ impl std::fmt::Debug for TestCluster {
 }
 
 impl TestCluster {
+    /// How this cluster was started.
+    pub fn options(&self) -> &ClusterOptions {
+        &self.opts
+    }
+
     /// The name given to [`start_clusters`] (also the kubeconfig cluster/context name).
     pub fn name(&self) -> &str {
         &self.name
@@ -398,7 +414,7 @@ impl TestCluster {
             "--service-account-issuer=https://kubernetes.default.svc".into(),
             format!("--service-account-key-file={}", f(pki::SA_PUB)),
             format!("--service-account-signing-key-file={}", f(pki::SA_KEY)),
-            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            format!("--service-cluster-ip-range={}", self.opts.service_cidr),
             "--authorization-mode=RBAC".into(),
             "--disable-admission-plugins=ServiceAccount".into(),
             "--allow-privileged=true".into(),
@@ -411,9 +427,19 @@ impl TestCluster {
     }
 
     fn spawn_controller_manager(&mut self) {
-        let args = vec![
+        let mut controllers = KCM_CONTROLLERS.to_string();
+        let mut ipam = Vec::new();
+        if let Some(pods) = &self.opts.pod_cidr {
+            controllers.push_str(",node-ipam-controller");
+            ipam = vec![
+                "--allocate-node-cidrs=true".to_string(),
+                format!("--cluster-cidr={pods}"),
+                format!("--service-cluster-ip-range={}", self.opts.service_cidr),
+            ];
+        }
+        let mut args = vec![
             format!("--kubeconfig={}", self.kubeconfig_path().display()),
-            format!("--controllers={KCM_CONTROLLERS}"),
+            format!("--controllers={controllers}"),
             "--use-service-account-credentials=false".into(),
             "--leader-elect=false".into(),
             "--bind-address=127.0.0.1".into(),
@@ -421,6 +447,7 @@ impl TestCluster {
             "--secure-port=0".into(),
             "--profiling=false".into(),
         ];
+        args.extend(ipam);
         self.controller_manager = Some(self.spawn("kube-controller-manager", &args));
     }
 
