@@ -7,11 +7,23 @@
 //!   --member north=/etc/mcs/north.kubeconfig
 //! ```
 //!
+//! That is the mesh topology: every agent reads every member's API server. In the hub
+//! topology every agent reads and writes only a hub API server (and its own cluster):
+//!
+//! ```text
+//! mcs-agent --cluster-id east --hub /etc/mcs/hub.kubeconfig
+//! ```
+//!
+//! Pick the mesh for a handful of clusters (no extra control plane; each agent needs read
+//! credentials for every member, and each member's API server serves N agents), the hub
+//! beyond that or when members must not hold each other's credentials (each member holds
+//! one hub identity that can write only its own namespace there; see `docs/scale.md`).
+//!
 //! The local cluster is the one the agent runs in, reached with the in-cluster (or default
 //! kubeconfig) configuration; a member without a kubeconfig path (`--member east`) is
 //! reached the same way. Without `--cluster-id` the agent's id is read from the local
-//! cluster's `cluster.clusterset.k8s.io` ClusterProperty (and must be one of the members);
-//! `--cluster-id` overrides it.
+//! cluster's `cluster.clusterset.k8s.io` ClusterProperty (and, in the mesh, must be one of
+//! the members); `--cluster-id` overrides it.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -23,11 +35,12 @@ use clap::Parser;
 use mcs_core::ClusterId;
 use mcs_core::api::CLUSTER_ID_PROPERTY;
 use mcs_kube::admin;
-use mcs_kube::agent::{Agent, AgentConfig, Member, local_cluster_id};
+use mcs_kube::agent::{Agent, AgentConfig, HubConfig, Member, local_cluster_id};
 use prometheus_client::registry::Registry;
 
-/// The MCS agent: merges every member's ServiceExports and writes ServiceImports,
-/// EndpointSlices, derived Services and export conditions into its own cluster.
+/// The MCS agent: merges every member's ServiceExports (read from each member, or from a
+/// hub) and writes ServiceImports, EndpointSlices, derived Services and export conditions
+/// into its own cluster.
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {
@@ -35,10 +48,21 @@ struct Args {
     /// ClusterProperty).
     #[arg(long, env = "MCS_CLUSTER_ID")]
     cluster_id: Option<String>,
-    /// A member as `ID=KUBECONFIG[@CONTEXT]` (or just `ID` for the in-cluster config).
-    /// Repeat for every member, this cluster included.
-    #[arg(long = "member", required = true)]
+    /// Mesh topology: a member as `ID=KUBECONFIG[@CONTEXT]` (or just `ID` for the
+    /// in-cluster config). Repeat for every member, this cluster included.
+    #[arg(
+        long = "member",
+        required_unless_present = "hub",
+        conflicts_with = "hub"
+    )]
     members: Vec<String>,
+    /// Hub topology: the hub API server as `KUBECONFIG[@CONTEXT]`, with this member's hub
+    /// identity (deploy/rbac/hub-member.yaml).
+    #[arg(long, env = "MCS_HUB_KUBECONFIG")]
+    hub: Option<String>,
+    /// Hub topology: seconds of this member's Lease on the hub (renewed every third).
+    #[arg(long, default_value_t = 40, requires = "hub")]
+    hub_lease_seconds: u64,
     /// Seconds an unreachable member's endpoints are kept.
     #[arg(long, default_value_t = 60)]
     unreachable_grace_seconds: u64,
@@ -58,6 +82,14 @@ async fn main() -> ExitCode {
     mcs_cli::main(run(Args::parse())).await
 }
 
+/// `PATH[@CONTEXT]` as a kubeconfig path and an optional context.
+fn kubeconfig_and_context(spec: &str) -> (PathBuf, Option<String>) {
+    match spec.rsplit_once('@') {
+        Some((path, context)) => (PathBuf::from(path), Some(context.to_owned())),
+        None => (PathBuf::from(spec), None),
+    }
+}
+
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut members = Vec::new();
     for spec in &args.members {
@@ -65,12 +97,9 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             .split_once('=')
             .map_or((spec.as_str(), None), |(id, rest)| (id, Some(rest)));
         let id = ClusterId::new(id).map_err(|e| format!("--member {spec}: {e}"))?;
-        let (path, context) = match rest {
+        let (path, context) = match rest.map(kubeconfig_and_context) {
             None => (None, None),
-            Some(rest) => match rest.rsplit_once('@') {
-                Some((path, context)) => (Some(PathBuf::from(path)), Some(context.to_owned())),
-                None => (Some(PathBuf::from(rest)), None),
-            },
+            Some((path, context)) => (Some(path), context),
         };
         let client = admin::kube_client(path.as_deref(), context.as_deref())
             .await
@@ -85,7 +114,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 .await
                 .map_err(|e| format!("no --cluster-id, and the local cluster: {e}"))?;
             let id = local_cluster_id(&client).await?;
-            if !members.iter().any(|m| m.id == id) {
+            if args.hub.is_none() && !members.iter().any(|m| m.id == id) {
                 return Err(format!(
                     "the local cluster's ClusterProperty {CLUSTER_ID_PROPERTY} says {id}, which no --member names"
                 )
@@ -94,7 +123,24 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             id
         }
     };
-    let mut config = AgentConfig::new(local.clone(), members)
+    let config = match &args.hub {
+        None => AgentConfig::new(local.clone(), members),
+        Some(spec) => {
+            let (path, context) = kubeconfig_and_context(spec);
+            let hub = admin::kube_client(Some(&path), context.as_deref())
+                .await
+                .map_err(|e| format!("--hub {spec}: {e}"))?;
+            let own = admin::kube_client(None, None)
+                .await
+                .map_err(|e| format!("the local cluster: {e}"))?;
+            AgentConfig::hub(
+                local.clone(),
+                HubConfig::new(own, hub)
+                    .lease_duration(Duration::from_secs(args.hub_lease_seconds)),
+            )
+        }
+    };
+    let mut config = config
         .unreachable_grace(Duration::from_secs(args.unreachable_grace_seconds))
         .resync(Duration::from_secs(args.resync_seconds));
     if !args.allowed_namespaces.is_empty() {

@@ -87,11 +87,11 @@ mod tests {
             member_namespace(&ClusterId::new("east").unwrap()),
             "mcs-member-east"
         );
-        let long = ClusterId::new(&"a".repeat(63)).unwrap();
+        let long = ClusterId::new("a".repeat(63)).unwrap();
         let ns = member_namespace(&long);
         assert!(ns.len() <= 63, "{ns}");
         assert!(ns.starts_with("mcs-member-aaa"));
-        let other = ClusterId::new(&format!("{}b", "a".repeat(62))).unwrap();
+        let other = ClusterId::new(format!("{}b", "a".repeat(62))).unwrap();
         assert_ne!(
             member_namespace(&other),
             ns,

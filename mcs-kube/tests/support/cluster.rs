@@ -231,19 +231,31 @@ impl TestCluster {
     /// A client authenticated as user `user` in `groups` (a client certificate from the
     /// cluster's CA), with no other rights than RBAC grants that user or those groups.
     pub async fn client_as_user(&self, user: &str, groups: &[&str]) -> Client {
-        let (cert, key) = pki::client_certificate(&self.path, &self.name, user, groups);
-        let b64 = |s: String| base64::engine::general_purpose::STANDARD.encode(s);
-        let mut config =
-            Config::from_custom_kubeconfig(self.kubeconfig.clone(), &KubeConfigOptions::default())
-                .await
-                .unwrap_or_else(|e| panic!("cluster {}: bad kubeconfig: {e}", self.name));
-        config.auth_info = kube::config::AuthInfo {
-            client_certificate_data: Some(b64(cert)),
-            client_key_data: Some(b64(key).into()),
-            ..Default::default()
-        };
+        let config = Config::from_custom_kubeconfig(
+            self.kubeconfig_as_user(user, groups),
+            &KubeConfigOptions::default(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("cluster {}: bad kubeconfig: {e}", self.name));
         Client::try_from(config)
             .unwrap_or_else(|e| panic!("cluster {}: cannot build client: {e}", self.name))
+    }
+
+    /// This cluster's kubeconfig with `user` in `groups` (a client certificate from the
+    /// cluster's CA) instead of the admin, for processes a test starts with that identity
+    /// (write it with [`write_kubeconfig`]).
+    pub fn kubeconfig_as_user(&self, user: &str, groups: &[&str]) -> Kubeconfig {
+        let (cert, key) = pki::client_certificate(&self.path, &self.name, user, groups);
+        let b64 = |s: String| base64::engine::general_purpose::STANDARD.encode(s);
+        let mut kubeconfig = self.kubeconfig.clone();
+        for named in &mut kubeconfig.auth_infos {
+            named.auth_info = Some(kube::config::AuthInfo {
+                client_certificate_data: Some(b64(cert.clone())),
+                client_key_data: Some(b64(key.clone()).into()),
+                ..Default::default()
+            });
+        }
+        kubeconfig
     }
 
     /// A client authenticated with a bearer `token` (e.g. from [`service_account_token`]).

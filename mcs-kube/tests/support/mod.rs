@@ -44,6 +44,8 @@ pub mod wait;
 
 // Every user of the harness takes what it needs, so each leaves some of these unused.
 #[allow(unused_imports)]
+pub use self::kubeconfig::write as write_kubeconfig;
+#[allow(unused_imports)]
 pub use self::{
     bins::*, cluster::*, dns::*, http::*, manifests::*, objects::*, requests::*, wait::*,
 };

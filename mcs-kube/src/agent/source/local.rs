@@ -2,6 +2,7 @@
 //! Namespaces, and, in the hub topology, what it exports, watched per exported service.
 
 use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Service};
@@ -146,9 +147,10 @@ pub(crate) fn spawn_exported(
                     unwatch(&mut watched, &tx, &service).await;
                 }
                 for service in wanted {
-                    if !watched.contains_key(&service) {
-                        let handles = watch_service(&mut children, &tx, &client, &local, &service);
-                        watched.insert(service, handles);
+                    if let Entry::Vacant(slot) = watched.entry(service) {
+                        let handles =
+                            watch_service(&mut children, &tx, &client, &local, slot.key());
+                        slot.insert(handles);
                     }
                 }
             }
