@@ -95,15 +95,14 @@ async fn single_export(set: &ClusterSet, svc: &Service) -> ServiceImport {
     .await
 }
 
-async fn set3() -> ClusterSet {
-    let set = ClusterSet::start(&["east", "west", "north"], false).await;
+async fn set3(topo: Topo) -> ClusterSet {
+    let set = ClusterSet::start_in(topo, &["east", "west", "north"], false).await;
     set.namespace(NS).await;
     set
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn conformance_01_import_exists_while_at_least_one_cluster_exports() {
-    let set = set3().await;
+async fn conformance_01_import_exists_while_at_least_one_cluster_exports(topo: Topo) {
+    let set = set3(topo).await;
     two_cluster_export(
         &set,
         0,
@@ -145,9 +144,8 @@ async fn conformance_01_import_exists_while_at_least_one_cluster_exports() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn conformance_02_only_exported_labels_and_annotations_propagate() {
-    let set = set3().await;
+async fn conformance_02_only_exported_labels_and_annotations_propagate(topo: Topo) {
+    let set = set3(topo).await;
     create_service(set.client(0), NS, &hello_service("hello")).await;
     export(
         set.client(0),
@@ -187,8 +185,8 @@ async fn conformance_02_only_exported_labels_and_annotations_propagate() {
     }
 }
 
-async fn labels_conflict(first: usize, second: usize) {
-    let set = set3().await;
+async fn labels_conflict(topo: Topo, first: usize, second: usize) {
+    let set = set3(topo).await;
     two_cluster_export(
         &set,
         first,
@@ -224,20 +222,18 @@ async fn labels_conflict(first: usize, second: usize) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn conformance_03_conflicting_labels_and_annotations_east_first() {
-    labels_conflict(0, 1).await;
+async fn conformance_03_conflicting_labels_and_annotations_east_first(topo: Topo) {
+    labels_conflict(topo, 0, 1).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn conformance_03_conflicting_labels_and_annotations_west_first() {
-    labels_conflict(1, 0).await;
+async fn conformance_03_conflicting_labels_and_annotations_west_first(topo: Topo) {
+    labels_conflict(topo, 1, 0).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn conformance_04_clusterip_export_creates_clustersetip_import_everywhere_and_unexport_deletes_it()
- {
-    let set = set3().await;
+async fn conformance_04_clusterip_export_creates_clustersetip_import_everywhere_and_unexport_deletes_it(
+    topo: Topo,
+) {
+    let set = set3(topo).await;
     single_export(&set, &hello_service("hello")).await;
     for i in 0..3 {
         wait_import(set.client(i), NS, "hello", "ClusterSetIP import", |si| {
@@ -246,7 +242,13 @@ async fn conformance_04_clusterip_export_creates_clustersetip_import_everywhere_
         .await;
     }
     let ready = wait_export_condition(set.client(0), NS, "hello", "Ready", "True", None).await;
-    assert_eq!(ready.reason, "Ready");
+    // SPEC: Ready=True is `Ready` in the pull model (every agent reads the exports
+    // itself), `Exported` in the push model (the export was pushed to the hub).
+    let reason = match topo {
+        Topo::Mesh => "Ready",
+        Topo::Hub => "Exported",
+    };
+    assert_eq!(ready.reason, reason);
     wait_export_condition(
         set.client(0),
         NS,
@@ -262,9 +264,8 @@ async fn conformance_04_clusterip_export_creates_clustersetip_import_everywhere_
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn conformance_05_session_affinity_matches_the_exported_service() {
-    let set = set3().await;
+async fn conformance_05_session_affinity_matches_the_exported_service(topo: Topo) {
+    let set = set3(topo).await;
     single_export(&set, &hello_service("hello")).await;
     for i in 0..3 {
         let si = wait_import(set.client(i), NS, "hello", "import", |_| true).await;
@@ -281,9 +282,10 @@ async fn conformance_05_session_affinity_matches_the_exported_service() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn conformance_06_and_07_traffic_policy_and_distribution_match_the_exported_service() {
-    let set = set3().await;
+async fn conformance_06_and_07_traffic_policy_and_distribution_match_the_exported_service(
+    topo: Topo,
+) {
+    let set = set3(topo).await;
     let mut svc = hello_service("hello");
     let spec = svc.spec.as_mut().unwrap();
     spec.internal_traffic_policy = Some("Cluster".into());
@@ -302,9 +304,8 @@ async fn conformance_06_and_07_traffic_policy_and_distribution_match_the_exporte
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn conformance_08_an_ip_per_family_for_clustersetip_imports() {
-    let set = set3().await;
+async fn conformance_08_an_ip_per_family_for_clustersetip_imports(topo: Topo) {
+    let set = set3(topo).await;
     single_export(&set, &hello_service("hello")).await;
     for i in 0..3 {
         // Ready is published True once the IPs are in (False/Pending before).
@@ -343,9 +344,8 @@ fn ready_is_true(si: &ServiceImport) -> bool {
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn conformance_09_ports_match_the_exported_service() {
-    let set = set3().await;
+async fn conformance_09_ports_match_the_exported_service(topo: Topo) {
+    let set = set3(topo).await;
     let mut svc = hello_service("hello");
     svc.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].app_protocol =
         Some("kubernetes.io/h2c".into());
@@ -360,8 +360,8 @@ async fn conformance_09_ports_match_the_exported_service() {
     }
 }
 
-async fn port_union(first: usize, second: usize) {
-    let set = set3().await;
+async fn port_union(topo: Topo, first: usize, second: usize) {
+    let set = set3(topo).await;
     let mut extra = hello_service("hello");
     extra.spec.as_mut().unwrap().ports.as_mut().unwrap().push(
         k8s_openapi::api::core::v1::ServicePort {
@@ -391,19 +391,16 @@ async fn port_union(first: usize, second: usize) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn conformance_10_port_union_raises_a_conflict_east_first() {
-    port_union(0, 1).await;
+async fn conformance_10_port_union_raises_a_conflict_east_first(topo: Topo) {
+    port_union(topo, 0, 1).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn conformance_10_port_union_raises_a_conflict_west_first() {
-    port_union(1, 0).await;
+async fn conformance_10_port_union_raises_a_conflict_west_first(topo: Topo) {
+    port_union(topo, 1, 0).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn conformance_11_conflicting_ports_oldest_export_wins() {
-    let set = set3().await;
+async fn conformance_11_conflicting_ports_oldest_export_wins(topo: Topo) {
+    let set = set3(topo).await;
     let mut other = hello_service("hello");
     other.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].port = 43;
     two_cluster_export(&set, 0, &hello_service("hello"), 1, &other, [None, None]).await;
@@ -430,9 +427,8 @@ async fn conformance_11_conflicting_ports_oldest_export_wins() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn conformance_12_and_13_headless_export_creates_headless_import_without_ips() {
-    let set = set3().await;
+async fn conformance_12_and_13_headless_export_creates_headless_import_without_ips(topo: Topo) {
+    let set = set3(topo).await;
     single_export(&set, &headless(hello_service("hello"))).await;
     for i in 0..3 {
         let si = wait_import(set.client(i), NS, "hello", "Headless import", |si| {
@@ -458,9 +454,8 @@ async fn conformance_12_and_13_headless_export_creates_headless_import_without_i
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn conformance_14_externalname_export_is_invalid_and_imports_nothing() {
-    let set = set3().await;
+async fn conformance_14_externalname_export_is_invalid_and_imports_nothing(topo: Topo) {
+    let set = set3(topo).await;
     let svc = Service {
         metadata: kube::api::ObjectMeta {
             name: Some("hello".into()),
@@ -482,8 +477,8 @@ async fn conformance_14_externalname_export_is_invalid_and_imports_nothing() {
     }
 }
 
-async fn headlessness_conflict(first: usize, second: usize) {
-    let set = set3().await;
+async fn headlessness_conflict(topo: Topo, first: usize, second: usize) {
+    let set = set3(topo).await;
     let (a, b) = (hello_service("hello"), headless(hello_service("hello")));
     let (first_svc, second_svc) = if first == 0 { (a, b) } else { (b, a) };
     let expected = if first == 0 {
@@ -502,19 +497,18 @@ async fn headlessness_conflict(first: usize, second: usize) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn conformance_15_conflicting_headlessness_clusterip_first() {
-    headlessness_conflict(0, 1).await;
+async fn conformance_15_conflicting_headlessness_clusterip_first(topo: Topo) {
+    headlessness_conflict(topo, 0, 1).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn conformance_15_conflicting_headlessness_headless_first() {
-    headlessness_conflict(1, 0).await;
+async fn conformance_15_conflicting_headlessness_headless_first(topo: Topo) {
+    headlessness_conflict(topo, 1, 0).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn conformance_16_endpointslices_with_mcs_labels_everywhere_and_deleted_on_unexport() {
-    let set = ClusterSet::start(&["east", "west", "north"], true).await;
+async fn conformance_16_endpointslices_with_mcs_labels_everywhere_and_deleted_on_unexport(
+    topo: Topo,
+) {
+    let set = ClusterSet::start_in(topo, &["east", "west", "north"], true).await;
     set.namespace(NS).await;
     // Real slices: KCM's endpointslice controller publishes the ready Pods of the Service.
     for (i, ip) in [(0, "192.0.2.10"), (1, "192.0.2.20")] {
@@ -594,3 +588,23 @@ async fn conformance_16_endpointslices_with_mcs_labels_everywhere_and_deleted_on
         .await;
     }
 }
+
+in_both_topologies!(
+    conformance_01_import_exists_while_at_least_one_cluster_exports,
+    conformance_02_only_exported_labels_and_annotations_propagate,
+    conformance_03_conflicting_labels_and_annotations_east_first,
+    conformance_03_conflicting_labels_and_annotations_west_first,
+    conformance_04_clusterip_export_creates_clustersetip_import_everywhere_and_unexport_deletes_it,
+    conformance_05_session_affinity_matches_the_exported_service,
+    conformance_06_and_07_traffic_policy_and_distribution_match_the_exported_service,
+    conformance_08_an_ip_per_family_for_clustersetip_imports,
+    conformance_09_ports_match_the_exported_service,
+    conformance_10_port_union_raises_a_conflict_east_first,
+    conformance_10_port_union_raises_a_conflict_west_first,
+    conformance_11_conflicting_ports_oldest_export_wins,
+    conformance_12_and_13_headless_export_creates_headless_import_without_ips,
+    conformance_14_externalname_export_is_invalid_and_imports_nothing,
+    conformance_15_conflicting_headlessness_clusterip_first,
+    conformance_15_conflicting_headlessness_headless_first,
+    conformance_16_endpointslices_with_mcs_labels_everywhere_and_deleted_on_unexport,
+);

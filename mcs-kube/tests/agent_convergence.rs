@@ -16,9 +16,8 @@ use mcs_core::api::{
 
 const NS: &str = "loyalty";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn service_edits_deletion_and_recreation_converge() {
-    let set = ClusterSet::start(&["east", "west", "north"], false).await;
+async fn service_edits_deletion_and_recreation_converge(topo: Topo) {
+    let set = ClusterSet::start_in(topo, &["east", "west", "north"], false).await;
     set.namespace(NS).await;
     create_service(set.client(0), NS, &hello_service("accrual")).await;
     export(set.client(0), NS, "accrual", None).await;
@@ -114,9 +113,8 @@ fn import_ready(si: &ServiceImport) -> bool {
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn imports_exist_only_where_the_namespace_exists() {
-    let set = ClusterSet::start(&["east", "west", "north"], false).await;
+async fn imports_exist_only_where_the_namespace_exists(topo: Topo) {
+    let set = ClusterSet::start_in(topo, &["east", "west", "north"], false).await;
     for i in [0, 1] {
         support::create_namespace(set.client(i), NS).await;
     }
@@ -136,11 +134,10 @@ async fn imports_exist_only_where_the_namespace_exists() {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_terminating_namespace_gets_no_writes_and_leaves_the_agent_ready() {
+async fn a_terminating_namespace_gets_no_writes_and_leaves_the_agent_ready(topo: Topo) {
     // No controller-manager: a deleted namespace stays Terminating (nothing removes its
     // content or its `kubernetes` finalizer), as it is while the namespace controller works.
-    let mut set = ClusterSet::start(&["east", "west"], false).await;
+    let mut set = ClusterSet::start_in(topo, &["east", "west"], false).await;
     set.namespace(NS).await;
     set.namespace("other").await;
     create_service(set.client(0), NS, &hello_service("accrual")).await;
@@ -197,6 +194,10 @@ async fn a_terminating_namespace_gets_no_writes_and_leaves_the_agent_ready() {
         other => panic!("a create in a terminating namespace: {other:?}"),
     }
 
+    // (In the hub, east's agent has published its new exports by now.)
+    set.wait_published(0, NS, "second").await;
+    set.wait_published(0, "other", "beacon").await;
+
     // A fresh agent lists all that at once. Its first full pass writes the new import in
     // the other namespace and nothing (not even an attempt) into the terminating one, and
     // it is ready: nothing was refused, no reconcile failed.
@@ -228,9 +229,8 @@ async fn a_terminating_namespace_gets_no_writes_and_leaves_the_agent_ready() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restarted_agent_catches_up_and_equal_timestamps_tie_break_by_cluster_id() {
-    let mut set = ClusterSet::start(&["east", "west", "north"], false).await;
+async fn a_restarted_agent_catches_up_and_equal_timestamps_tie_break_by_cluster_id(topo: Topo) {
+    let mut set = ClusterSet::start_in(topo, &["east", "west", "north"], false).await;
     set.namespace(NS).await;
     set.stop_agent(2).await;
     // Two exports created in the same second: the tie-break (cluster id) picks east's type
@@ -449,10 +449,9 @@ fn second_doc<T: serde::de::DeserializeOwned>(yaml: &str) -> T {
     serde_yaml::from_str(doc).unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hand_written_and_malformed_imports_are_left_alone() {
+async fn hand_written_and_malformed_imports_are_left_alone(topo: Topo) {
     use kube::api::{ApiResource, DynamicObject};
-    let set = ClusterSet::start(&["east", "west", "north"], false).await;
+    let set = ClusterSet::start_in(topo, &["east", "west", "north"], false).await;
     set.namespace(NS).await;
     let resource = ApiResource::erase::<ServiceImport>(&());
     let dynamic: Api<DynamicObject> = Api::namespaced_with(set.client(2).clone(), NS, &resource);
@@ -540,9 +539,8 @@ async fn hand_written_and_malformed_imports_are_left_alone() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn exports_outside_the_allowed_namespaces_are_refused() {
-    let set = ClusterSet::start_configured(&["east", "west"], |c| {
+async fn exports_outside_the_allowed_namespaces_are_refused(topo: Topo) {
+    let set = ClusterSet::start_topo_configured(topo, &["east", "west"], |c| {
         c.allowed_namespaces(vec![NS.to_owned()])
     })
     .await;
@@ -636,3 +634,12 @@ async fn a_peer_serving_only_v1alpha1_is_read_at_v1alpha1() {
     .await;
     assert_eq!(si.spec.ports.len(), 2);
 }
+
+in_both_topologies!(
+    service_edits_deletion_and_recreation_converge,
+    imports_exist_only_where_the_namespace_exists,
+    a_terminating_namespace_gets_no_writes_and_leaves_the_agent_ready,
+    a_restarted_agent_catches_up_and_equal_timestamps_tie_break_by_cluster_id,
+    hand_written_and_malformed_imports_are_left_alone,
+    exports_outside_the_allowed_namespaces_are_refused,
+);

@@ -76,6 +76,32 @@ pub struct ClusterSet {
     configure: fn(AgentConfig) -> AgentConfig,
 }
 
+/// Declares each `async fn name(topo: Topo)` of a test file as two tests, `mesh::name`
+/// and `hub::name`, so a case proves itself in both topologies.
+#[allow(unused_macros)]
+macro_rules! in_both_topologies {
+    ($($name:ident),+ $(,)?) => {
+        mod mesh {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::clusterset::Topo::Mesh).await
+                }
+            )+
+        }
+        mod hub {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::clusterset::Topo::Hub).await
+                }
+            )+
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use in_both_topologies;
+
 impl ClusterSet {
     /// Starts `names.len()` clusters and one agent per cluster.
     pub async fn start(names: &[&str], controller_manager: bool) -> Self {
@@ -179,6 +205,15 @@ impl ClusterSet {
 
     pub async fn start_with(names: &[&str], controller_manager: bool, grace: Duration) -> Self {
         Self::start_inner(names, controller_manager, grace, true).await
+    }
+
+    /// [`ClusterSet::start_configured`] in topology `topo`.
+    pub async fn start_topo_configured(
+        topo: Topo,
+        names: &[&str],
+        configure: fn(AgentConfig) -> AgentConfig,
+    ) -> Self {
+        Self::start_topo(topo, names, false, Duration::from_secs(60), true, configure).await
     }
 
     /// Starts the clusters and agents whose settings `configure` adjusts.
@@ -313,6 +348,26 @@ impl ClusterSet {
                 self.ids[i]
             ),
         }
+    }
+
+    /// In the hub topology, waits until member `i`'s record of its export `ns/name` is on
+    /// the hub, as the other members' agents will read it. A no-op in the mesh, where they
+    /// read the export itself.
+    pub async fn wait_published(&self, i: usize, ns: &str, name: &str) {
+        let Some(hub) = &self.hub else { return };
+        let records: Api<mcs_kube::hub::record::MemberExport> = Api::namespaced(
+            hub.admin.clone(),
+            &mcs_kube::hub::member_namespace(&self.ids[i]),
+        );
+        let record = mcs_kube::hub::record::record_name(
+            &mcs_core::name::ServiceRef::new(ns, name).expect("a valid service name"),
+        );
+        support::wait_for(
+            &format!("{}'s record {record} on the hub", self.ids[i]),
+            IMPORT_TIMEOUT,
+            || async { records.get_opt(&record).await.ok().flatten() },
+        )
+        .await;
     }
 
     /// Starts the agent of cluster `i` again.
