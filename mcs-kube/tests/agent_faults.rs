@@ -51,7 +51,7 @@ use mcs_kube::agent::desired::{
     LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY, LABEL_SLICE_MANAGED_BY, MANAGED_BY,
     derived_service_name,
 };
-use mcs_kube::agent::{Agent, AgentConfig, Member};
+use mcs_kube::agent::{Agent, AgentConfig, HubConfig, Member};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -66,9 +66,12 @@ const CONVERGE: Duration = Duration::from_secs(40);
 type Running = (oneshot::Sender<()>, JoinHandle<()>, Arc<AtomicBool>);
 
 /// One in-process agent per cluster; agent `i` reaches member `j` through `members[i][j]`.
+/// In the hub topology, agent `i` reaches its own cluster with `members[i][i]` and the hub
+/// with `hub[i]` (its member identity).
 struct Agents {
     ids: Vec<ClusterId>,
     members: Vec<Vec<Member>>,
+    hub: Option<Vec<Client>>,
     running: Vec<Option<Running>>,
 }
 
@@ -78,6 +81,10 @@ impl Agents {
         Self {
             ids: set.ids.clone(),
             members: vec![direct; set.ids.len()],
+            hub: set
+                .hub
+                .as_ref()
+                .map(|_| (0..set.ids.len()).map(|i| set.hub_client_of(i)).collect()),
             running: set.ids.iter().map(|_| None).collect(),
         }
     }
@@ -89,10 +96,17 @@ impl Agents {
 
     fn start(&mut self, i: usize) {
         assert!(self.running[i].is_none(), "agent {i} already running");
-        let config = AgentConfig::new(self.ids[i].clone(), self.members[i].clone())
-            .unreachable_grace(Duration::from_secs(60))
-            .resync(Duration::from_secs(600))
-            .probe_interval(Duration::from_secs(1));
+        let config = match &self.hub {
+            None => AgentConfig::new(self.ids[i].clone(), self.members[i].clone()),
+            Some(hub) => AgentConfig::hub(
+                self.ids[i].clone(),
+                HubConfig::new(self.members[i][i].client.clone(), hub[i].clone())
+                    .lease_duration(HUB_LEASE),
+            ),
+        }
+        .unreachable_grace(Duration::from_secs(60))
+        .resync(Duration::from_secs(600))
+        .probe_interval(Duration::from_secs(1));
         let agent = Agent::new(config);
         let ready = agent.ready();
         let (stop, stopped) = oneshot::channel::<()>();
@@ -896,10 +910,17 @@ const W3: &[&str] = &["198.51.100.31"];
 // ---------------------------------------------------------------------------------------
 // 1. The local API server dies under a running agent.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn local_api_server_killed_and_restarted_under_a_running_agent() {
+async fn local_api_server_killed_and_restarted_under_a_running_agent(topo: Topo) {
     let t0 = Instant::now();
-    let mut set = ClusterSet::start_bare(&["east", "west"]).await;
+    let mut set = ClusterSet::start_topo(
+        topo,
+        &["east", "west"],
+        false,
+        Duration::from_secs(60),
+        false,
+        |c| c,
+    )
+    .await;
     set.namespace(NS).await;
     let foreign = plant_foreign_everywhere(&set, "alpha").await;
     for svc in ["alpha", "bravo", "charlie"] {
@@ -1411,10 +1432,17 @@ async fn converge_to_merge(
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn conflicting_exports_written_concurrently_converge_to_the_deterministic_merge() {
+async fn conflicting_exports_written_concurrently_converge_to_the_deterministic_merge(topo: Topo) {
     let t0 = Instant::now();
-    let set = ClusterSet::start_bare(&["east", "west"]).await;
+    let set = ClusterSet::start_topo(
+        topo,
+        &["east", "west"],
+        false,
+        Duration::from_secs(60),
+        false,
+        |c| c,
+    )
+    .await;
     set.namespace(NS).await;
     let foreign = plant_foreign_everywhere(&set, "xray").await;
     offer(set.client(0), "xray", E1).await;
@@ -1538,11 +1566,18 @@ async fn abort_once_writing(
     at_abort.into_iter().flatten().collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn agents_aborted_mid_burst_converge_without_duplicates_or_orphans() {
+async fn agents_aborted_mid_burst_converge_without_duplicates_or_orphans(topo: Topo) {
     const N: usize = 30;
     let t0 = Instant::now();
-    let set = ClusterSet::start_bare(&["east", "west"]).await;
+    let set = ClusterSet::start_topo(
+        topo,
+        &["east", "west"],
+        false,
+        Duration::from_secs(60),
+        false,
+        |c| c,
+    )
+    .await;
     set.namespace(NS).await;
     let names: Vec<&'static str> = (0..N)
         .map(|i| &*Box::leak(format!("svc-{i:02}").into_boxed_str()))
@@ -1616,3 +1651,12 @@ async fn agents_aborted_mid_burst_converge_without_duplicates_or_orphans() {
         t0.elapsed()
     );
 }
+
+// The hub counterparts of faults 2 and 3 (a peer connection dropped, a peer's watch
+// history expired) are the hub outage tests of `agent_hub.rs`: in the hub an agent
+// watches no peer API server.
+in_both_topologies!(
+    local_api_server_killed_and_restarted_under_a_running_agent,
+    conflicting_exports_written_concurrently_converge_to_the_deterministic_merge,
+    agents_aborted_mid_burst_converge_without_duplicates_or_orphans,
+);
