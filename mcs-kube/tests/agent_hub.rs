@@ -193,6 +193,38 @@ async fn a_member_writes_only_its_own_namespace_on_the_hub() {
         wests.delete("loyalty.accrual", &Default::default()).await,
         "east deleting west's record",
     );
+    // The agent's publishing code, speaking for west with east's identity, is refused
+    // too, and says which permission is missing.
+    let impostor = mcs_kube::hub::publish::Publisher::new(
+        east.clone(),
+        &mcs_core::ClusterId::new("west").unwrap(),
+        "mcs-agent",
+    );
+    let service = mcs_core::name::ServiceRef::new(NS, "accrual").unwrap();
+    let err = impostor
+        .publish(&service, Some(record("west")), None)
+        .await
+        .expect_err("east publishing as west");
+    assert!(
+        matches!(&err.source, kube::Error::Api(s) if s.code == 403),
+        "{err:?}"
+    );
+    let message = err.to_string();
+    assert!(
+        message.starts_with("cannot publish MemberExport mcs-member-west/loyalty.accrual: ")
+            && message.contains("deploy/rbac/hub-member.yaml"),
+        "{message}"
+    );
+    let err = impostor
+        .renew_lease(Duration::from_secs(40))
+        .await
+        .expect_err("east renewing west's Lease");
+    assert!(
+        err.to_string()
+            .starts_with("cannot renew Lease mcs-member-west/member: "),
+        "{err}"
+    );
+
     // Nothing else: no Secrets, not even in member namespaces; no cluster-wide reads of
     // records; no other namespaces' objects.
     forbidden(

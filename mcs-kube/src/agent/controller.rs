@@ -17,12 +17,13 @@ use tokio::sync::mpsc;
 
 use super::health::retry_delay;
 use super::index::Touched;
-use super::publish::{self, PUBLISHING, Publisher};
+use super::publish::{self, PUBLISHING};
 use super::reconcile;
 use super::source::{self, Fact};
 use super::state::{Mode, Settings, State};
 use super::writer::Writer;
 use super::{AgentConfig, AgentError, AgentHealth, AgentMetrics, ResyncRequests, Topology};
+use crate::hub::publish::Publisher;
 
 /// Work the scheduler hands out.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -73,15 +74,8 @@ pub(super) async fn run(
         Topology::Hub(hub) => {
             source::local::spawn_exported(&mut tasks, &tx, &config.local, &hub.local);
             source::hub::spawn(&mut tasks, &tx, &config.local, &hub.hub);
-            publish::spawn_lease(
-                &mut tasks,
-                &tx,
-                &hub.hub,
-                &config.local,
-                hub.lease_duration,
-                &config.field_manager,
-            );
             let publisher = Publisher::new(hub.hub.clone(), &config.local, &config.field_manager);
+            publish::spawn_lease(&mut tasks, &tx, &publisher, hub.lease_duration);
             (Mode::Hub, hub.local.clone(), Vec::new(), Some(publisher))
         }
     };
@@ -337,7 +331,10 @@ async fn work(
             };
             let want = state.desired_record(&service);
             let have = state.published(&service).cloned();
-            let result = publisher.publish(&service, want, have.as_ref()).await;
+            let result = publisher
+                .publish(&service, want, have.as_ref())
+                .await
+                .map_err(|e| e.to_string());
             let failed = result.is_err();
             if let Err(error) = &result {
                 let (n, delay) = retry(attempts, Due::Publish(service.clone()));

@@ -623,7 +623,7 @@ impl State {
         let publication = match self.settings.mode {
             Mode::Mesh => Publication::Direct,
             Mode::Hub => match (self.desired_record(service), self.published(service)) {
-                (Some(want), Some(have)) if records_match(have, &want) => Publication::Published,
+                (Some(want), Some(have)) if have.says_the_same_as(&want) => Publication::Published,
                 _ if hub_down => Publication::HubUnreachable,
                 _ => Publication::Pending,
             },
@@ -985,11 +985,6 @@ fn apply_record(
         }
     }
     touched
-}
-
-/// Whether the published record says what the desired one does.
-pub(crate) fn records_match(have: &MemberExport, want: &MemberExport) -> bool {
-    have.spec == want.spec && have.metadata.labels == want.metadata.labels
 }
 
 /// Whether a namespace is being deleted (its content is being removed; the API server

@@ -29,6 +29,7 @@
 //! hub; pick it beyond about five clusters, or whenever members should not hold read
 //! credentials for each other. `docs/scale.md` has the figures.
 
+pub mod publish;
 pub mod record;
 
 use kube::CustomResourceExt;

@@ -120,6 +120,12 @@ impl MemberExport {
         Some(record)
     }
 
+    /// Whether this record says what `other` does (spec and labels; metadata the API
+    /// server maintains is ignored).
+    pub fn says_the_same_as(&self, other: &MemberExport) -> bool {
+        self.spec == other.spec && self.metadata.labels == other.metadata.labels
+    }
+
     /// The service this record is about.
     pub fn service_ref(&self) -> Option<ServiceRef> {
         ServiceRef::new(&self.spec.namespace, &self.spec.name).ok()
