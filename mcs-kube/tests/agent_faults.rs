@@ -615,6 +615,10 @@ fn unmet(snap: &Snapshot, want: &Want) -> Option<String> {
         if ready.is_none_or(|c| c[1] != "True" || c[3] != "") {
             return Some(format!("{svc}: Ready is {ready:?}"));
         }
+        // A ClusterSetIP import is complete once it carries its derived Service's VIP.
+        if si["spec"]["type"] == "ClusterSetIP" && si["spec"]["ips"] == 0 {
+            return Some(format!("{svc}: ClusterSetIP import without an IP"));
+        }
         let mut got: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for (key, slice) in snap {
             if key.starts_with("EndpointSlice/")

@@ -165,7 +165,23 @@ pub(crate) fn plan_at(inputs: &ServiceInputs<'_>, wall: &Time) -> Plan {
             .annotations
             .get_or_insert_with(BTreeMap::new)
             .insert(ANNOTATION_DERIVED_SERVICE.to_owned(), derived_name.clone());
-        let (ips, families) = observed_derived.map(|s| derived_ips(s)).unwrap_or_default();
+        let (ips, families) = match observed_derived {
+            Some(derived) => derived_ips(derived),
+            // The derived Service is not in the agent's cache: a watch still relisting
+            // (after an API server restart), or the Service was deleted. Keep the IPs the
+            // import carries rather than withdraw them for a moment: the writer applies the
+            // derived Service below and copies its IPs in, so a real change still lands.
+            None => inputs
+                .observed
+                .import
+                .map(|have| {
+                    (
+                        have.spec.ips.clone().unwrap_or_default(),
+                        have.spec.ip_families.clone().unwrap_or_default(),
+                    )
+                })
+                .unwrap_or_default(),
+        };
         want.spec.ips = (!ips.is_empty()).then_some(ips);
         if !families.is_empty() {
             want.spec.ip_families = Some(families);
@@ -527,4 +543,84 @@ fn endpoints_match(have: &EndpointSlice, want: &EndpointSlice) -> bool {
                 && h.zone == w.zone
                 && h.conditions == w.conditions
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::jiff::Timestamp;
+    use mcs_core::merge::{Constituent, ServiceFacts, ServiceKind, Stability, merge};
+
+    use super::*;
+
+    fn inputs<'a>(outcome: MergeOutcome, observed: Observed<'a>) -> ServiceInputs<'a> {
+        ServiceInputs {
+            service: ServiceRef::new("demo", "hello").unwrap(),
+            local: "north".parse().unwrap(),
+            namespace_exists: true,
+            namespace_terminating: false,
+            namespace_allowed: true,
+            outcome: Some(outcome),
+            sources: HashMap::new(),
+            unreachable: Vec::new(),
+            grace: Duration::from_secs(60),
+            observed,
+            local_service_error: None,
+            hub_unreachable: false,
+            publication: Publication::Direct,
+        }
+    }
+
+    fn outcome() -> MergeOutcome {
+        let port = ServicePort {
+            name: Some("tcp".into()),
+            port: 42,
+            ..Default::default()
+        };
+        let facts = ServiceFacts::builder(ServiceKind::ClusterSetIp)
+            .port(port)
+            .build()
+            .unwrap();
+        let east = Constituent::new(
+            "east".parse().unwrap(),
+            Timestamp::from_second(10).unwrap(),
+            Some(facts),
+        );
+        merge(
+            &ServiceRef::new("demo", "hello").unwrap(),
+            &[east],
+            Stability::Fresh,
+            None,
+        )
+        .unwrap()
+    }
+
+    /// A ClusterSetIP import whose derived Service the agent's cache does not hold (a
+    /// watch relisting after an API server restart) keeps its IPs: the plan re-applies the
+    /// derived Service, it does not withdraw the VIP that DNS and kube-proxy serve.
+    #[test]
+    fn an_import_keeps_its_ips_while_the_derived_service_is_not_in_the_cache() {
+        let first = plan(&inputs(outcome(), Observed::default()));
+        let mut have = first.import.expect("a new import is applied");
+        assert_eq!(have.spec.ips, None, "no derived Service yet, no IP to copy");
+        have.spec.ips = Some(vec!["10.96.0.10".into()]);
+        have.spec.ip_families = Some(vec![IpFamily::IPv4]);
+
+        let again = plan(&inputs(
+            outcome(),
+            Observed {
+                import: Some(&have),
+                ..Default::default()
+            },
+        ));
+        if let Some(import) = &again.import {
+            assert_eq!(
+                import.spec.ips, have.spec.ips,
+                "the import's IPs were withdrawn"
+            );
+        }
+        assert!(
+            again.derived_ports.is_some(),
+            "the derived Service missing from the cache is applied again"
+        );
+    }
 }
