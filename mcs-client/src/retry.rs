@@ -347,6 +347,13 @@ const UNIT: i64 = 1000;
 ///
 /// Cost: one atomic add on a shared line per request (the deposit); withdrawals read the
 /// ten slots. Concurrent updates may be off by a request or two, which a budget tolerates.
+///
+/// Why not `tower::retry::budget::TpsBudget`: it has the same semantics (percent of
+/// requests plus a per-second reserve over a TTL of ten slots, and its defaults are ours),
+/// but every deposit reads the clock and takes a `Mutex` to roll its generation over, and
+/// while retries are on a deposit happens on every request, on every caller's thread. Here
+/// the deposit reuses the instant the layer already read for the request and touches one
+/// atomic; slots roll over by epoch, without a lock.
 #[derive(Debug)]
 pub(crate) struct Budget {
     base: Instant,
