@@ -1,9 +1,10 @@
 //! Wiring only: sources feed facts into the state; the state says which services they
 //! touched; kube-runtime's scheduler delays and de-duplicates the work (reconciles,
-//! publications, retries, member checks); plans go to the writer, records to the
-//! publisher. Decisions live in `state`, `health`, `reconcile` and `desired`.
+//! publications, retries, member checks); a backlog runs what is due, publications first;
+//! plans go to the writer, records to the publisher. Decisions live in `state`, `health`,
+//! `reconcile` and `desired`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -34,6 +35,50 @@ enum Due {
     Publish(ServiceRef),
     /// Judge member health (a Lease may have expired, a grace period ended).
     Members,
+}
+
+impl Due {
+    /// Publications first: every other member waits for them, while a reconcile only
+    /// affects this cluster. Then member checks (they may withdraw a dead member's
+    /// endpoints), then reconciles in the order they became due.
+    fn urgent(&self) -> bool {
+        matches!(self, Due::Publish(_) | Due::Members)
+    }
+}
+
+/// Work that is due, taken from the scheduler, not done yet: de-duplicated, urgent work
+/// ([`Due::urgent`]) before the rest, so a burst of reconciles (a hundred members' imports
+/// after a start) does not hold back the publication of a new local export.
+#[derive(Debug, Default)]
+struct Backlog {
+    urgent: VecDeque<Due>,
+    rest: VecDeque<Due>,
+    queued: HashSet<Due>,
+}
+
+/// Pieces of work done before the agent looks at new facts again.
+const BATCH: usize = 16;
+
+impl Backlog {
+    fn push(&mut self, due: Due) {
+        if self.queued.insert(due.clone()) {
+            if due.urgent() {
+                self.urgent.push_back(due);
+            } else {
+                self.rest.push_back(due);
+            }
+        }
+    }
+
+    fn pop(&mut self) -> Option<Due> {
+        let due = self.urgent.pop_front().or_else(|| self.rest.pop_front())?;
+        self.queued.remove(&due);
+        Some(due)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.queued.is_empty()
+    }
 }
 
 /// Services a full pass still has to reconcile, and what to do when it is done.
@@ -107,6 +152,7 @@ pub(super) async fn run(
     let mut first_pass_done = false;
     // A resync requested that has not started yet (it starts once synced and idle).
     let mut resync_wanted: Option<u64> = None;
+    let mut backlog = Backlog::default();
     let mut resync_timer =
         tokio::time::interval_at(tokio::time::Instant::now() + config.resync, config.resync);
     let mut shutdown = std::pin::pin!(shutdown);
@@ -115,6 +161,7 @@ pub(super) async fn run(
         let synced = state.synced();
         let can_publish = state.own_exports_synced();
         tokio::select! {
+            biased;
             () = &mut shutdown => break,
             fact = rx.recv() => {
                 let Some(fact) = fact else { break };
@@ -165,14 +212,27 @@ pub(super) async fn run(
             }
             due = next_due(scheduler.as_mut(), synced, can_publish) => {
                 let Some(due) = due else { break };
-                // Take everything else already due (one batch of work).
-                let mut batch = vec![due];
+                // Take everything else already due into the backlog.
+                backlog.push(due);
                 while let Some(Some(more)) =
                     next_due(scheduler.as_mut(), synced, can_publish).now_or_never()
                 {
-                    batch.push(more);
+                    backlog.push(more);
                 }
-                for due in batch {
+            }
+            () = std::future::ready(()), if !backlog.is_empty() => {
+                // One batch, urgent work first; then new facts get a look in.
+                for _ in 0..BATCH {
+                    let Some(due) = backlog.pop() else { break };
+                    let may_run = match &due {
+                        Due::Publish(_) => state.own_exports_synced(),
+                        Due::Reconcile(_) | Due::Members => state.synced(),
+                    };
+                    if !may_run {
+                        // Held by the scheduler until it may.
+                        schedule(due, Instant::now());
+                        continue;
+                    }
                     work(
                         due,
                         &mut state,
@@ -372,5 +432,41 @@ fn report_health(
         Some(reason) if was_ready => tracing::error!(cluster = %cluster, reason, "agent not ready"),
         Some(reason) if changed => tracing::debug!(cluster = %cluster, reason, "agent not ready"),
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn svc(name: &str) -> ServiceRef {
+        ServiceRef::new("demo", name).unwrap()
+    }
+
+    #[test]
+    fn the_backlog_puts_publications_and_member_checks_first_and_drops_duplicates() {
+        let mut backlog = Backlog::default();
+        for name in ["a", "b", "c"] {
+            backlog.push(Due::Reconcile(svc(name)));
+        }
+        backlog.push(Due::Publish(svc("new")));
+        backlog.push(Due::Reconcile(svc("a")));
+        backlog.push(Due::Members);
+        backlog.push(Due::Publish(svc("new")));
+        let order: Vec<Due> = std::iter::from_fn(|| backlog.pop()).collect();
+        assert_eq!(
+            order,
+            [
+                Due::Publish(svc("new")),
+                Due::Members,
+                Due::Reconcile(svc("a")),
+                Due::Reconcile(svc("b")),
+                Due::Reconcile(svc("c")),
+            ]
+        );
+        assert!(backlog.is_empty());
+        // Done work may come back.
+        backlog.push(Due::Reconcile(svc("a")));
+        assert_eq!(backlog.pop(), Some(Due::Reconcile(svc("a"))));
     }
 }
