@@ -72,12 +72,23 @@ fn cluster_slots() -> &'static std::sync::Arc<Semaphore> {
     SLOTS.get_or_init(|| std::sync::Arc::new(Semaphore::new(max_clusters())))
 }
 
+static MAX_CLUSTERS: OnceLock<usize> = OnceLock::new();
+
+/// Lets this process run `n` clusters at once instead of the default (4, or
+/// `MCS_K8S_MAX_CLUSTERS`). Takes effect only before the first cluster starts; for
+/// benches that need more at once.
+pub fn allow_clusters(n: usize) {
+    let _ = MAX_CLUSTERS.set(n.max(1));
+}
+
 fn max_clusters() -> usize {
-    std::env::var("MCS_K8S_MAX_CLUSTERS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|n| *n > 0)
-        .unwrap_or(4)
+    *MAX_CLUSTERS.get_or_init(|| {
+        std::env::var("MCS_K8S_MAX_CLUSTERS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|n| *n > 0)
+            .unwrap_or(4)
+    })
 }
 
 /// Start one independent cluster per name, in parallel, with [`ClusterOptions::default`]
@@ -167,6 +178,18 @@ impl std::fmt::Debug for TestCluster {
 }
 
 impl TestCluster {
+    /// The process id of `component` (`etcd`, `kube-apiserver` or
+    /// `kube-controller-manager`), while it runs.
+    pub fn pid(&self, component: &str) -> Option<u32> {
+        match component {
+            "etcd" => self.etcd.as_ref(),
+            "kube-apiserver" => self.apiserver.as_ref(),
+            "kube-controller-manager" => self.controller_manager.as_ref(),
+            _ => None,
+        }
+        .map(Child::id)
+    }
+
     /// How this cluster was started.
     pub fn options(&self) -> &ClusterOptions {
         &self.opts

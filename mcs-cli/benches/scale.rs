@@ -1,0 +1,914 @@
+//! How far the ClusterSet scales: the hub topology from 3 to 100 clusters, the mesh at 3
+//! and 6, on real API servers with real `mcs-agent` processes.
+//!
+//! ```text
+//! scripts/k8s-bins.sh && cargo bench -p mcs-cli --bench scale
+//! ```
+//!
+//! **Hub.** A hub (kube-apiserver + etcd) and three real members, `east`, `west` and
+//! `north`, each running `mcs-agent --hub` with its own least-privilege hub identity
+//! (`deploy/rbac/hub-member.yaml`, applied as shipped). Every member exports
+//! `MCS_SCALE_SERVICES` (100) services of `MCS_SCALE_ENDPOINTS` (10) endpoints. The set
+//! then grows to each of `MCS_SCALE_SIZES` (3,10,30,100) clusters with simulated members:
+//! each publishes its 100 records and renews its Lease through the agent's own publishing
+//! code ([`mcs_kube::hub::publish::Publisher`]) with its own hub identity. At every size,
+//! once east, west and north each import every service from every member:
+//!
+//! - **export→import**: `MCS_SCALE_PROBES` (20) times, a new service exported in `east`
+//!   until `west`'s ServiceImport lists east and west holds east's imported EndpointSlice
+//!   (seen by watches started before the export);
+//! - **unready→gone**: as often, one endpoint of an exported service in `east` turns
+//!   unready, until west's imported slice no longer has it ready;
+//! - resident memory (RSS) of the hub's kube-apiserver and etcd and of the three agents,
+//!   and the CPU the hub's processes used while the set grew to that size and over
+//!   `MCS_SCALE_IDLE_SECONDS` (20) of steady state (Lease renewals only).
+//!
+//! **Mesh.** The same exports and probes with every agent reading every member directly,
+//! at each of `MCS_SCALE_MESH` (3,6) real clusters.
+//!
+//! **Unexported endpoints.** In the hub at 3 clusters and in the mesh at 3, `east` gets
+//! `MCS_SCALE_UNEXPORTED` (10,000) endpoints of services nobody exports (1,000 Services of
+//! 10); the agents' RSS before and after (a probe export after them proves their watches
+//! are past them).
+//!
+//! Times are wall-clock on a shared machine: context, not pass/fail. The tables at the end
+//! are what `docs/scale.md` quotes.
+
+#[path = "../../mcs-kube/tests/support/mod.rs"]
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use kube::{Client, CustomResourceExt};
+use mcs_core::ClusterId;
+use mcs_core::api::{
+    LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER, ServiceExportSpec,
+    v1beta1::{ServiceExport, ServiceImport},
+};
+use mcs_core::name::ServiceRef;
+use mcs_kube::agent::desired::LABEL_K8S_SERVICE_NAME;
+use mcs_kube::hub::publish::Publisher;
+use mcs_kube::hub::record::MemberExport;
+use support::{ClusterOptions, TestCluster};
+use tokio::process::{Child, Command};
+
+const NS: &str = "scale";
+/// Service CIDR of the bench's clusters: room for 4,094 ClusterIPs.
+const SERVICE_CIDR: &str = "10.0.0.0/20";
+const UNEXPORTED_NS: &str = "unexported";
+/// Budget for any one wait (convergence at 100 clusters included).
+const BUDGET: Duration = Duration::from_secs(900);
+/// Lease of the simulated members (renewed every `LEASE / 4`).
+const LEASE: Duration = Duration::from_secs(40);
+
+fn env_list(name: &str, default: &str) -> Vec<usize> {
+    std::env::var(name)
+        .unwrap_or_else(|_| default.to_owned())
+        .split(',')
+        .map(|v| {
+            v.trim()
+                .parse()
+                .unwrap_or_else(|e| panic!("{name}: {v:?}: {e}"))
+        })
+        .collect()
+}
+
+fn env_num(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .map(|v| v.parse().unwrap_or_else(|e| panic!("{name}: {v:?}: {e}")))
+        .unwrap_or(default)
+}
+
+struct Config {
+    sizes: Vec<usize>,
+    mesh: Vec<usize>,
+    services: usize,
+    endpoints: usize,
+    probes: usize,
+    unexported: usize,
+    idle: Duration,
+}
+
+impl Config {
+    fn from_env() -> Self {
+        let c = Self {
+            sizes: env_list("MCS_SCALE_SIZES", "3,10,30,100"),
+            mesh: env_list("MCS_SCALE_MESH", "3,6"),
+            services: env_num("MCS_SCALE_SERVICES", 100),
+            endpoints: env_num("MCS_SCALE_ENDPOINTS", 10),
+            probes: env_num("MCS_SCALE_PROBES", 20),
+            unexported: env_num("MCS_SCALE_UNEXPORTED", 10_000),
+            idle: Duration::from_secs(env_num("MCS_SCALE_IDLE_SECONDS", 20) as u64),
+        };
+        assert!(
+            c.sizes.windows(2).all(|w| w[0] < w[1]) && c.sizes[0] >= 3,
+            "MCS_SCALE_SIZES must grow from at least 3 (the real members)"
+        );
+        assert!(
+            c.sizes.iter().chain(&c.mesh).all(|&n| n <= 250) && c.services <= 250,
+            "addresses are 10.<member>.<service>.<endpoint>: at most 250 members and services"
+        );
+        assert!(c.endpoints <= 250, "at most 250 endpoints per service");
+        c
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Objects.
+
+fn service(name: &str) -> Service {
+    Service {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(NS.into()),
+            ..Default::default()
+        },
+        spec: Some(ServiceSpec {
+            ports: Some(vec![ServicePort {
+                name: Some("http".into()),
+                port: 80,
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// The EndpointSlice of service number `svc` of member number `member`: addresses
+/// `10.<member>.<svc>.<1..=n>`, all ready.
+fn slice(ns: &str, name: &str, member: usize, svc: usize, n: usize) -> EndpointSlice {
+    EndpointSlice {
+        address_type: "IPv4".into(),
+        metadata: ObjectMeta {
+            name: Some(format!("{name}-x")),
+            namespace: Some(ns.into()),
+            labels: Some(BTreeMap::from([(
+                LABEL_K8S_SERVICE_NAME.to_owned(),
+                name.to_owned(),
+            )])),
+            ..Default::default()
+        },
+        endpoints: (1..=n)
+            .map(|e| Endpoint {
+                addresses: vec![format!("10.{member}.{svc}.{e}")],
+                conditions: Some(EndpointConditions {
+                    ready: Some(true),
+                    serving: Some(true),
+                    terminating: Some(false),
+                }),
+                ..Default::default()
+            })
+            .collect(),
+        ports: Some(vec![EndpointPort {
+            name: Some("http".into()),
+            port: Some(8080),
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+    }
+}
+
+fn export(name: &str) -> ServiceExport {
+    let mut export = ServiceExport::new(name, ServiceExportSpec::default());
+    export.metadata.namespace = Some(NS.into());
+    export
+}
+
+/// Creates service `name` (number `svc`) with its slice in a real member, and exports it.
+async fn offer(client: &Client, name: &str, member: usize, svc: usize, endpoints: usize) {
+    let pp = PostParams::default();
+    Api::<Service>::namespaced(client.clone(), NS)
+        .create(&pp, &service(name))
+        .await
+        .unwrap_or_else(|e| panic!("create Service {name}: {e}"));
+    Api::<EndpointSlice>::namespaced(client.clone(), NS)
+        .create(&pp, &slice(NS, name, member, svc, endpoints))
+        .await
+        .unwrap_or_else(|e| panic!("create EndpointSlice of {name}: {e}"));
+    Api::<ServiceExport>::namespaced(client.clone(), NS)
+        .create(&pp, &export(name))
+        .await
+        .unwrap_or_else(|e| panic!("create ServiceExport {name}: {e}"));
+}
+
+/// `svc-000` .. : the services every member exports.
+fn svc_name(i: usize) -> String {
+    format!("svc-{i:03}")
+}
+
+async fn populate(client: &Client, member: usize, cfg: &Config) {
+    support::create_namespace(client, NS).await;
+    futures::stream::iter(0..cfg.services)
+        .for_each_concurrent(16, |i| async move {
+            offer(client, &svc_name(i), member, i, cfg.endpoints).await;
+        })
+        .await;
+}
+
+/// 1,000 Services of 10 endpoints (or what `total` says) that nobody exports.
+async fn unexported(client: &Client, member: usize, total: usize) {
+    support::create_namespace(client, UNEXPORTED_NS).await;
+    let per = 10;
+    futures::stream::iter(0..total.div_ceil(per))
+        .for_each_concurrent(16, |i| async move {
+            let name = format!("quiet-{i:04}");
+            let mut svc = service(&name);
+            svc.metadata.namespace = Some(UNEXPORTED_NS.into());
+            let pp = PostParams::default();
+            Api::<Service>::namespaced(client.clone(), UNEXPORTED_NS)
+                .create(&pp, &svc)
+                .await
+                .unwrap_or_else(|e| panic!("create Service {name}: {e}"));
+            let mut s = slice(UNEXPORTED_NS, &name, member, 0, per);
+            for (e, ep) in s.endpoints.iter_mut().enumerate() {
+                ep.addresses = vec![format!(
+                    "10.{member}.{}.{}",
+                    100 + i / 250,
+                    1 + (i * per + e) % 250
+                )];
+            }
+            Api::<EndpointSlice>::namespaced(client.clone(), UNEXPORTED_NS)
+                .create(&pp, &s)
+                .await
+                .unwrap_or_else(|e| panic!("create EndpointSlice of {name}: {e}"));
+        })
+        .await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Processes: agents, and what /proc says about them.
+
+/// Resident memory in MiB.
+fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+/// CPU time (user + system) used so far, in seconds (`/proc` counts in USER_HZ = 100).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    // After the command: state is field 3, utime 14 and stime 15 (1-based).
+    let tick = |i: usize| fields.get(i - 3).and_then(|v| v.parse::<f64>().ok());
+    match (tick(14), tick(15)) {
+        (Some(u), Some(s)) => (u + s) / 100.0,
+        _ => f64::NAN,
+    }
+}
+
+struct Agent {
+    id: String,
+    child: Child,
+}
+
+impl Agent {
+    fn pid(&self) -> u32 {
+        self.child.id().expect("agent running")
+    }
+
+    fn assert_running(&mut self) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!("the agent of {} exited: {status}", self.id);
+        }
+    }
+}
+
+fn agent(cluster: &TestCluster, id: &str, args: &[String]) -> Agent {
+    let log = std::fs::File::create(cluster.dir().join("mcs-agent.log")).expect("agent log");
+    let child = Command::new(env!("CARGO_BIN_EXE_mcs-agent"))
+        .arg(format!("--cluster-id={id}"))
+        .args(args)
+        .arg("--admin-listen=127.0.0.1:0")
+        .env("KUBECONFIG", cluster.kubeconfig_path())
+        .env("RUST_LOG", "warn")
+        .env_remove("MCS_CLUSTER_ID")
+        .env_remove("MCS_HUB_KUBECONFIG")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("agent log"))
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start mcs-agent");
+    Agent {
+        id: id.to_owned(),
+        child,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Watching the importing cluster.
+
+/// Waits until the cluster's imports of every `svc-*` list `n` clusters and it holds `n`
+/// imported slices of each.
+async fn converged(west: &Client, n: usize, cfg: &Config) {
+    let imports: Api<ServiceImport> = Api::namespaced(west.clone(), NS);
+    let slices: Api<EndpointSlice> = Api::namespaced(west.clone(), NS);
+    let deadline = Instant::now() + BUDGET;
+    loop {
+        let ok_imports = imports
+            .list(&ListParams::default())
+            .await
+            .map(|l| {
+                l.items
+                    .iter()
+                    .filter(|si| {
+                        si.metadata
+                            .name
+                            .as_deref()
+                            .is_some_and(|n| n.starts_with("svc-"))
+                    })
+                    .filter(|si| {
+                        si.status
+                            .as_ref()
+                            .and_then(|s| s.clusters.as_ref())
+                            .is_some_and(|c| c.len() == n)
+                    })
+                    .count()
+            })
+            .unwrap_or(0);
+        let ok_slices = if ok_imports == cfg.services {
+            count_imported_slices(&slices).await
+        } else {
+            0
+        };
+        if ok_imports == cfg.services && ok_slices == cfg.services * n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not converged at {n} clusters after {BUDGET:?}: {ok_imports} of {} imports, {ok_slices} slices",
+            cfg.services
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Imported slices of the `svc-*` services, counted page by page.
+async fn count_imported_slices(slices: &Api<EndpointSlice>) -> usize {
+    let mut lp = ListParams::default()
+        .labels(LABEL_SOURCE_CLUSTER)
+        .limit(2000);
+    let mut count = 0;
+    loop {
+        let Ok(page) = slices.list(&lp).await else {
+            return 0;
+        };
+        count += page
+            .items
+            .iter()
+            .filter(|s| {
+                s.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(LABEL_SERVICE_NAME))
+                    .is_some_and(|n| n.starts_with("svc-"))
+            })
+            .count();
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => lp = lp.continue_token(&token),
+            _ => return count,
+        }
+    }
+}
+
+/// Starts watching `api` (objects selected by `labels`); resolves, once the watch has
+/// listed, to a future that yields the instant the first object meeting `done` is seen.
+async fn watch_for<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    done: impl Fn(&K) -> bool + Send + 'static,
+) -> tokio::task::JoinHandle<Instant>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+{
+    let (listed_tx, listed_rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        let mut listed = Some(listed_tx);
+        let mut events = std::pin::pin!(watcher(api, config));
+        while let Some(event) = events.try_next().await.expect("watch") {
+            match event {
+                watcher::Event::InitDone => {
+                    if let Some(tx) = listed.take() {
+                        let _ = tx.send(());
+                    }
+                }
+                watcher::Event::Apply(o) | watcher::Event::InitApply(o) if done(&o) => {
+                    return Instant::now();
+                }
+                _ => {}
+            }
+        }
+        panic!("watch ended");
+    });
+    listed_rx.await.expect("the watch listed");
+    task
+}
+
+fn clusters_of(si: &ServiceImport) -> Vec<String> {
+    si.status
+        .as_ref()
+        .and_then(|s| s.clusters.as_ref())
+        .map(|c| c.iter().map(|c| c.cluster.clone()).collect())
+        .unwrap_or_default()
+}
+
+/// Latencies of `cfg.probes` exports from `east` (member 0) into `west`.
+async fn export_probes(east: &Client, west: &Client, tag: &str, cfg: &Config) -> Vec<Duration> {
+    let mut out = Vec::new();
+    for k in 0..cfg.probes {
+        let name = format!("probe-{tag}-{k}");
+        let by_name = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let imported = watch_for(
+            Api::<ServiceImport>::namespaced(west.clone(), NS),
+            by_name,
+            |si: &ServiceImport| clusters_of(si) == ["east"],
+        )
+        .await;
+        let sliced = watch_for(
+            Api::<EndpointSlice>::namespaced(west.clone(), NS),
+            watcher::Config::default().labels(&format!(
+                "{LABEL_SERVICE_NAME}={name},{LABEL_SOURCE_CLUSTER}=east"
+            )),
+            |s: &EndpointSlice| !s.endpoints.is_empty(),
+        )
+        .await;
+        let t0 = Instant::now();
+        offer(east, &name, 0, 200 + k % 50, cfg.endpoints).await;
+        let t1 = imported.await.expect("import watch");
+        let t2 = sliced.await.expect("slice watch");
+        out.push(t1.max(t2) - t0);
+    }
+    out
+}
+
+/// Latencies of `cfg.probes` endpoints in `east` turning unready until `west`'s import has
+/// them unready (or no longer has them).
+async fn unready_probes(east: &Client, west: &Client, cfg: &Config) -> Vec<Duration> {
+    let mut out = Vec::new();
+    for k in 0..cfg.probes.min(cfg.services) {
+        let name = svc_name(k);
+        let address = format!("10.0.{k}.1");
+        let gone = {
+            let address = address.clone();
+            watch_for(
+                Api::<EndpointSlice>::namespaced(west.clone(), NS),
+                watcher::Config::default().labels(&format!(
+                    "{LABEL_SERVICE_NAME}={name},{LABEL_SOURCE_CLUSTER}=east"
+                )),
+                move |s: &EndpointSlice| {
+                    !s.endpoints.iter().any(|e| {
+                        e.addresses.contains(&address)
+                            && e.conditions.as_ref().and_then(|c| c.ready) != Some(false)
+                    })
+                },
+            )
+            .await
+        };
+        let mut s = slice(NS, &name, 0, k, cfg.endpoints);
+        s.endpoints[0].conditions = Some(EndpointConditions {
+            ready: Some(false),
+            serving: Some(false),
+            terminating: Some(true),
+        });
+        let patch = serde_json::json!({ "endpoints": s.endpoints });
+        let t0 = Instant::now();
+        Api::<EndpointSlice>::namespaced(east.clone(), NS)
+            .patch(
+                &format!("{name}-x"),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("mark {address} unready: {e}"));
+        out.push(gone.await.expect("slice watch") - t0);
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------
+// The hub.
+
+async fn install_hub(hub: &TestCluster) -> Client {
+    let admin = hub.client().await;
+    let crd = MemberExport::crd();
+    Api::<CustomResourceDefinition>::all(admin.clone())
+        .patch(
+            crd.metadata.name.as_deref().unwrap_or_default(),
+            &PatchParams::apply("mcs-scale").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .expect("install the MemberExport CRD on the hub");
+    support::wait_for("the MemberExport CRD", Duration::from_secs(60), || async {
+        Api::<MemberExport>::all(admin.clone())
+            .list(&ListParams::default().limit(1))
+            .await
+            .ok()
+            .map(|_| ())
+    })
+    .await;
+    support::apply_manifest(&admin, "deploy/rbac/hub.yaml", &[]).await;
+    admin
+}
+
+async fn add_member(hub_admin: &Client, id: &str) {
+    for obj in support::manifest_with("deploy/rbac/hub-member.yaml", &[("MEMBER_ID", id)]) {
+        support::apply(hub_admin, &obj).await;
+    }
+}
+
+/// A simulated member: publishes what a real one would, with its own hub identity.
+async fn simulated_member(
+    hub: &TestCluster,
+    hub_admin: &Client,
+    member: usize,
+    cfg: &Config,
+) -> Publisher {
+    let id = ClusterId::new(format!("sim-{member:03}")).unwrap();
+    add_member(hub_admin, id.as_str()).await;
+    let client = hub
+        .client_as_user(&format!("mcs:member:{id}"), &["mcs:members"])
+        .await;
+    let publisher = Publisher::new(client, &id, "mcs-agent");
+    publisher
+        .renew_lease(LEASE)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let created = Time(k8s_openapi::jiff::Timestamp::now());
+    futures::stream::iter(0..cfg.services)
+        .for_each_concurrent(8, |i| {
+            let (publisher, id, created) = (&publisher, &id, created.clone());
+            async move {
+                let name = svc_name(i);
+                let mut e = export(&name);
+                e.metadata.creation_timestamp = Some(created);
+                let s = slice(NS, &name, member, i, cfg.endpoints);
+                let record = MemberExport::from_member(id, &e, Some(&service(&name)), &[&s])
+                    .expect("a complete record");
+                let service = ServiceRef::new(NS, &name).unwrap();
+                publisher
+                    .publish(&service, Some(record), None)
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"));
+            }
+        })
+        .await;
+    publisher
+}
+
+#[derive(Default)]
+struct Row {
+    topology: &'static str,
+    clusters: usize,
+    converge: Duration,
+    export: Vec<Duration>,
+    unready: Vec<Duration>,
+    hub_apiserver_rss: Option<f64>,
+    hub_etcd_rss: Option<f64>,
+    hub_cpu_growth: Option<f64>,
+    hub_cpu_idle: Option<f64>,
+    agent_rss: Vec<f64>,
+    records: Option<usize>,
+}
+
+fn pct(v: &mut [Duration], p: f64) -> Duration {
+    v.sort();
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v.get(i).copied().unwrap_or_default()
+}
+
+fn list_ms(v: &[Duration]) -> String {
+    v.iter().map(|d| ms(*d)).collect::<Vec<_>>().join(" ")
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.0}", d.as_secs_f64() * 1000.0)
+}
+
+async fn hub_cpu(hub: &TestCluster) -> f64 {
+    ["kube-apiserver", "etcd"]
+        .iter()
+        .filter_map(|c| hub.pid(c))
+        .map(cpu_seconds)
+        .sum()
+}
+
+async fn run_hub(cfg: &Config, rows: &mut Vec<Row>, memory: &mut Vec<String>) {
+    let names = ["hub", "east", "west", "north"];
+    let opts = ClusterOptions {
+        controller_manager: false,
+        install_crds: true,
+        // 1,000 unexported Services, the exported ones and their derived Services.
+        service_cidr: SERVICE_CIDR.to_owned(),
+        ..Default::default()
+    };
+    let clusters = support::start_clusters_with(&names, opts).await;
+    let hub = &clusters[0];
+    let members = &clusters[1..];
+    let hub_admin = install_hub(hub).await;
+    let mut clients = Vec::new();
+    for (i, c) in members.iter().enumerate() {
+        add_member(&hub_admin, names[i + 1]).await;
+        clients.push(c.client().await);
+    }
+    let t_grow = Instant::now();
+    let cpu0 = hub_cpu(hub).await;
+    for (i, client) in clients.iter().enumerate() {
+        populate(client, i, cfg).await;
+    }
+    let mut agents = Vec::new();
+    for (i, c) in members.iter().enumerate() {
+        let id = names[i + 1];
+        let path = c.dir().join("hub.kubeconfig");
+        support::write_kubeconfig(
+            &path,
+            &hub.kubeconfig_as_user(&format!("mcs:member:{id}"), &["mcs:members"]),
+        );
+        agents.push(agent(c, id, &[format!("--hub={}", path.display())]));
+    }
+    let (east, west) = (&clients[0], &clients[1]);
+    let mut sims: Vec<Publisher> = Vec::new();
+    let renewals = tokio::sync::watch::channel(Vec::<Publisher>::new());
+    let renewer = {
+        let mut rx = renewals.1.clone();
+        tokio::spawn(async move {
+            loop {
+                let publishers = rx.borrow_and_update().clone();
+                for p in &publishers {
+                    if let Err(e) = p.renew_lease(LEASE).await {
+                        eprintln!("[scale] {e}");
+                    }
+                }
+                let _ = tokio::time::timeout(LEASE / 4, rx.changed()).await;
+            }
+        })
+    };
+    for &n in &cfg.sizes {
+        let t_size = Instant::now();
+        while 3 + sims.len() < n {
+            let member = 3 + sims.len();
+            sims.push(simulated_member(hub, &hub_admin, member, cfg).await);
+        }
+        renewals.0.send_replace(sims.clone());
+        // Converged: every real member imports everything (their agents are past the
+        // burst, so the probes measure a settled set).
+        for client in &clients {
+            converged(client, n, cfg).await;
+        }
+        let converge = if n == cfg.sizes[0] {
+            t_grow.elapsed()
+        } else {
+            t_size.elapsed()
+        };
+        for a in &mut agents {
+            a.assert_running();
+        }
+        let cpu_growth = hub_cpu(hub).await - cpu0;
+        eprintln!("[scale] hub, {n} clusters: converged in {converge:.1?}");
+        let export = export_probes(east, west, &format!("h{n}"), cfg).await;
+        eprintln!(
+            "[scale] hub, {n} clusters: export→import in probe order (ms): {}",
+            list_ms(&export)
+        );
+        let unready = unready_probes(east, west, cfg).await;
+        // Restore the endpoints the unready probes turned.
+        for k in 0..cfg.probes.min(cfg.services) {
+            let s = slice(NS, &svc_name(k), 0, k, cfg.endpoints);
+            Api::<EndpointSlice>::namespaced(east.clone(), NS)
+                .patch(
+                    &format!("{}-x", svc_name(k)),
+                    &PatchParams::default(),
+                    &Patch::Merge(&serde_json::json!({ "endpoints": s.endpoints })),
+                )
+                .await
+                .expect("restore endpoints");
+        }
+        let idle0 = hub_cpu(hub).await;
+        tokio::time::sleep(cfg.idle).await;
+        let idle = (hub_cpu(hub).await - idle0) / cfg.idle.as_secs_f64();
+        let records = Api::<MemberExport>::all(hub_admin.clone())
+            .list_metadata(&ListParams::default())
+            .await
+            .map(|l| l.items.len())
+            .ok();
+        rows.push(Row {
+            topology: "hub",
+            clusters: n,
+            converge,
+            export,
+            unready,
+            hub_apiserver_rss: hub.pid("kube-apiserver").map(rss_mib),
+            hub_etcd_rss: hub.pid("etcd").map(rss_mib),
+            hub_cpu_growth: Some(cpu_growth),
+            hub_cpu_idle: Some(idle),
+            agent_rss: agents.iter().map(|a| rss_mib(a.pid())).collect(),
+            records,
+        });
+        print_row(rows.last().unwrap());
+        if n == cfg.sizes[0] && cfg.unexported > 0 {
+            memory.push(unexported_check("hub", cfg, east, west, &mut agents).await);
+        }
+    }
+    renewer.abort();
+    drop(agents);
+}
+
+async fn unexported_check(
+    topology: &str,
+    cfg: &Config,
+    east: &Client,
+    west: &Client,
+    agents: &mut [Agent],
+) -> String {
+    let before: Vec<f64> = agents.iter().map(|a| rss_mib(a.pid())).collect();
+    unexported(east, 0, cfg.unexported).await;
+    // One more export after them: once it is imported, the agents' watches of east have
+    // delivered everything before it.
+    let one = Config {
+        probes: 1,
+        ..Config::from_env()
+    };
+    export_probes(east, west, &format!("{topology}-after-unexported"), &one).await;
+    let after: Vec<f64> = agents.iter().map(|a| rss_mib(a.pid())).collect();
+    let line = format!(
+        "| {topology} | {} | {} | {} |",
+        cfg.unexported,
+        agents
+            .iter()
+            .zip(&before)
+            .map(|(a, b)| format!("{} {b:.1}", a.id))
+            .collect::<Vec<_>>()
+            .join(", "),
+        agents
+            .iter()
+            .zip(before.iter().zip(&after))
+            .map(|(a, (b, x))| format!("{} {x:.1} ({:+.1})", a.id, x - b))
+            .collect::<Vec<_>>()
+            .join(", "),
+    );
+    eprintln!("[scale] unexported endpoints: {line}");
+    line
+}
+
+async fn run_mesh(n: usize, cfg: &Config, rows: &mut Vec<Row>, memory: &mut Vec<String>) {
+    let ids: Vec<String> = ["east", "west", "north"]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .chain((3..n).map(|i| format!("member-{i}")))
+        .take(n)
+        .collect();
+    let names: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let opts = ClusterOptions {
+        controller_manager: false,
+        install_crds: true,
+        // 1,000 unexported Services, the exported ones and their derived Services.
+        service_cidr: SERVICE_CIDR.to_owned(),
+        ..Default::default()
+    };
+    let clusters = support::start_clusters_with(&names, opts).await;
+    let mut clients = Vec::new();
+    for c in &clusters {
+        clients.push(c.client().await);
+    }
+    let t0 = Instant::now();
+    for (i, client) in clients.iter().enumerate() {
+        populate(client, i, cfg).await;
+    }
+    let paths: Vec<PathBuf> = clusters.iter().map(TestCluster::kubeconfig_path).collect();
+    let mut agents: Vec<Agent> = clusters
+        .iter()
+        .enumerate()
+        .map(|(i, c)| agent(c, &ids[i], &mesh_args(&ids, &paths, i)))
+        .collect();
+    let (east, west) = (&clients[0], &clients[1]);
+    for client in &clients {
+        converged(client, n, cfg).await;
+    }
+    let converge = t0.elapsed();
+    eprintln!("[scale] mesh, {n} clusters: converged in {converge:.1?}");
+    let export = export_probes(east, west, &format!("m{n}"), cfg).await;
+    let unready = unready_probes(east, west, cfg).await;
+    rows.push(Row {
+        topology: "mesh",
+        clusters: n,
+        converge,
+        export,
+        unready,
+        agent_rss: agents.iter().map(|a| rss_mib(a.pid())).collect(),
+        ..Default::default()
+    });
+    print_row(rows.last().unwrap());
+    if n == cfg.mesh[0] && cfg.unexported > 0 {
+        memory.push(unexported_check("mesh", cfg, east, west, &mut agents).await);
+    }
+    for a in &mut agents {
+        a.assert_running();
+    }
+}
+
+fn mesh_args(ids: &[String], paths: &[PathBuf], me: usize) -> Vec<String> {
+    ids.iter()
+        .zip(paths)
+        .enumerate()
+        .map(|(i, (id, path))| {
+            if i == me {
+                format!("--member={id}")
+            } else {
+                format!("--member={id}={}", path.display())
+            }
+        })
+        .collect()
+}
+
+fn header() -> &'static str {
+    "| topology | clusters | converge s | export→import p50 / p99 ms | unready→gone p50 / p99 ms | hub apiserver / etcd RSS MiB | hub CPU s (growth) / idle cores | agent RSS MiB (east, west, north) | records |\n\
+     |---|---|---|---|---|---|---|---|---|"
+}
+
+fn format_row(r: &Row) -> String {
+    let (mut e, mut u) = (r.export.clone(), r.unready.clone());
+    let opt = |v: Option<f64>, p: usize| v.map_or("-".to_owned(), |v| format!("{v:.p$}"));
+    format!(
+        "| {} | {} | {:.1} | {} / {} | {} / {} | {} / {} | {} / {} | {} | {} |",
+        r.topology,
+        r.clusters,
+        r.converge.as_secs_f64(),
+        ms(pct(&mut e, 0.5)),
+        ms(pct(&mut e, 0.99)),
+        ms(pct(&mut u, 0.5)),
+        ms(pct(&mut u, 0.99)),
+        opt(r.hub_apiserver_rss, 0),
+        opt(r.hub_etcd_rss, 0),
+        opt(r.hub_cpu_growth, 1),
+        opt(r.hub_cpu_idle, 2),
+        r.agent_rss
+            .iter()
+            .take(3)
+            .map(|v| format!("{v:.0}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        r.records.map_or("-".to_owned(), |v| v.to_string()),
+    )
+}
+
+fn print_row(r: &Row) {
+    eprintln!("[scale] {}", format_row(r));
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    // `cargo bench` passes `--bench`; `cargo test --benches` passes nothing we need. Do
+    // nothing when only listed.
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let cfg = Config::from_env();
+    let most = cfg.mesh.iter().copied().max().unwrap_or(0).max(4);
+    support::allow_clusters(most);
+    let t0 = Instant::now();
+    let mut rows = Vec::new();
+    let mut memory = Vec::new();
+    run_hub(&cfg, &mut rows, &mut memory).await;
+    for &n in &cfg.mesh.clone() {
+        run_mesh(n, &cfg, &mut rows, &mut memory).await;
+    }
+    println!(
+        "\nscale: {} services x {} endpoints per member, {} probes per size ({:.0?} in all)\n",
+        cfg.services,
+        cfg.endpoints,
+        cfg.probes,
+        t0.elapsed()
+    );
+    println!("{}", header());
+    for r in &rows {
+        println!("{}", format_row(r));
+    }
+    if !memory.is_empty() {
+        println!(
+            "\n| topology | unexported endpoints in east | agent RSS MiB before | after (change) |\n|---|---|---|---|"
+        );
+        for line in &memory {
+            println!("{line}");
+        }
+    }
+}
