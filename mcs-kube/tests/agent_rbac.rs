@@ -309,7 +309,7 @@ impl RunningAgent {
         let listener = tokio::net::TcpListener::from_std(listener).expect("admin listener");
         let admin_task = tokio::spawn(mcs_kube::admin::serve(
             listener,
-            Arc::new(Mutex::new(prometheus_client::registry::Registry::default())),
+            String::new,
             agent.readiness(),
             std::future::pending(),
         ));

@@ -16,7 +16,6 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::Parser;
@@ -24,7 +23,6 @@ use mcs_core::ClusterId;
 use mcs_core::api::CLUSTER_ID_PROPERTY;
 use mcs_kube::admin;
 use mcs_kube::agent::{Agent, AgentConfig, Member, local_cluster_id};
-use prometheus_client::registry::Registry;
 
 /// The MCS agent: merges every member's ServiceExports and writes ServiceImports,
 /// EndpointSlices, derived Services and export conditions into its own cluster.
@@ -51,6 +49,17 @@ struct Args {
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, env = "MCS_ADMIN_LISTEN", default_value = "0.0.0.0:9090")]
     admin_listen: SocketAddr,
+    /// Seconds a gauge not set again stays on /metrics (the series of a member that left
+    /// go after this); the agent sets live gauges four times as often.
+    #[arg(long, default_value_t = mcs_cli::DEFAULT_GAUGE_IDLE.as_secs())]
+    metrics_gauge_idle_seconds: u64,
+    /// Namespace of the heartbeat Lease `mcs-agent` the agent renews in its own cluster
+    /// with its readiness (what `kubectl mcs check` reads).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "mcs-system")]
+    heartbeat_namespace: String,
+    /// Duration of the heartbeat Lease in seconds (renewed every third of it).
+    #[arg(long, default_value_t = 40)]
+    heartbeat_seconds: u64,
 }
 
 #[tokio::main]
@@ -94,28 +103,53 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             id
         }
     };
+    let local_client = members
+        .iter()
+        .find(|m| m.id == local)
+        .map(|m| m.client.clone());
+    let gauge_idle = Duration::from_secs(args.metrics_gauge_idle_seconds.max(1));
+    let metrics = mcs_cli::install_metrics(gauge_idle)?;
     let mut config = AgentConfig::new(local.clone(), members)
+        .metrics_refresh(gauge_idle / 4)
         .unreachable_grace(Duration::from_secs(args.unreachable_grace_seconds))
         .resync(Duration::from_secs(args.resync_seconds));
     if !args.allowed_namespaces.is_empty() {
         config = config.allowed_namespaces(args.allowed_namespaces.clone());
     }
     let agent = Agent::new(config);
-    let mut registry = Registry::default();
-    agent.metrics().register(&mut registry);
     let listener = admin::bind(args.admin_listen).await?;
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     let admin_task = tokio::spawn(admin::serve(
         listener,
-        Arc::new(Mutex::new(registry)),
+        move || metrics.render(),
         agent.readiness(),
         async move {
             let _ = stop_rx.wait_for(|v| *v).await;
         },
     ));
+    let heartbeat = local_client.map(|client| {
+        let beat = admin::Heartbeat::new(
+            &args.heartbeat_namespace,
+            admin::AGENT_HEARTBEAT,
+            local.as_str(),
+        )
+        .duration(Duration::from_secs(args.heartbeat_seconds));
+        let mut stop = stop_tx.subscribe();
+        tokio::spawn(admin::heartbeat(
+            client,
+            beat,
+            agent.readiness(),
+            async move {
+                let _ = stop.wait_for(|v| *v).await;
+            },
+        ))
+    });
     tracing::info!(cluster = %local, "mcs-agent starting");
     let result = agent.run(admin::shutdown_signal()).await;
     let _ = stop_tx.send(true);
     let _ = admin_task.await;
+    if let Some(heartbeat) = heartbeat {
+        let _ = heartbeat.await;
+    }
     Ok(result?)
 }

@@ -36,16 +36,14 @@ mod source;
 mod state;
 mod writer;
 
+use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mcs_core::ClusterId;
 use mcs_core::api::{CLUSTER_ID_PROPERTY, v1beta1::ClusterProperty};
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
 pub use writer::WriteError;
@@ -138,6 +136,9 @@ pub struct AgentConfig {
     pub allowed_namespaces: Option<Vec<String>>,
     /// How often each member is probed with a small list request (default 10 s).
     pub probe_interval: Duration,
+    /// How often the agent sets its gauges again even when nothing changed (default
+    /// [`crate::metrics::GAUGE_REFRESH`]); a recorder's gauge idle timeout must be longer.
+    pub metrics_refresh: Duration,
 }
 
 impl AgentConfig {
@@ -161,6 +162,7 @@ impl AgentConfig {
             resync: Duration::from_secs(300),
             allowed_namespaces: None,
             probe_interval: Duration::from_secs(10),
+            metrics_refresh: crate::metrics::GAUGE_REFRESH,
         }
     }
 
@@ -182,6 +184,13 @@ impl AgentConfig {
     #[must_use]
     pub fn probe_interval(mut self, interval: Duration) -> Self {
         self.probe_interval = interval;
+        self
+    }
+
+    /// Sets how often the gauges are set again (at least 10 ms).
+    #[must_use]
+    pub fn metrics_refresh(mut self, every: Duration) -> Self {
+        self.metrics_refresh = every.max(Duration::from_millis(10));
         self
     }
 
@@ -289,75 +298,97 @@ struct ResyncRequests {
     completed: watch::Sender<u64>,
 }
 
-/// The agent's Prometheus metrics.
-#[derive(Clone, Debug, Default)]
-pub struct AgentMetrics {
-    reconciles: Counter,
-    errors: Counter,
-    services: Gauge,
-    reachable: Gauge,
-    hub_reachable: Gauge,
+/// The agent's metrics, recorded through the `metrics` facade ([`crate::metrics`] lists
+/// them), and the counts a test can read without a recorder. Cheap to clone.
+///
+/// The handles without labels are registered with the recorder installed when the agent is
+/// built ([`Agent::new`]); per-member gauges are registered as members appear.
+#[derive(Clone, Debug)]
+pub struct AgentMetrics(Arc<MetricsInner>);
+
+#[derive(Debug)]
+struct MetricsInner {
+    reconciles: AtomicU64,
+    errors: AtomicU64,
+    reconciles_counter: metrics::Counter,
+    errors_counter: metrics::Counter,
+    services: metrics::Gauge,
+    reachable: metrics::Gauge,
+    hub_reachable: metrics::Gauge,
+    ready: metrics::Gauge,
+    /// One gauge per member present now; a member that leaves is dropped from here and
+    /// never set again, so an idle-timeout recorder drops its series.
+    member_up: Mutex<BTreeMap<ClusterId, metrics::Gauge>>,
+}
+
+impl Default for AgentMetrics {
+    fn default() -> Self {
+        use crate::metrics as m;
+        Self(Arc::new(MetricsInner {
+            reconciles: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            reconciles_counter: metrics::counter!(m::AGENT_RECONCILES),
+            errors_counter: metrics::counter!(m::AGENT_RECONCILE_ERRORS),
+            services: metrics::gauge!(m::AGENT_SERVICES),
+            reachable: metrics::gauge!(m::AGENT_REACHABLE_MEMBERS),
+            hub_reachable: metrics::gauge!(m::AGENT_HUB_REACHABLE),
+            ready: metrics::gauge!(m::AGENT_READY),
+            member_up: Mutex::new(BTreeMap::new()),
+        }))
+    }
 }
 
 impl AgentMetrics {
-    /// Registers `mcs_agent_*` metrics.
-    pub fn register(&self, registry: &mut Registry) {
-        registry.register(
-            "mcs_agent_reconciles",
-            "Services reconciled",
-            self.reconciles.clone(),
-        );
-        registry.register(
-            "mcs_agent_reconcile_errors",
-            "Reconciles that failed and will be retried",
-            self.errors.clone(),
-        );
-        registry.register(
-            "mcs_agent_services",
-            "Exported services known in the ClusterSet",
-            self.services.clone(),
-        );
-        registry.register(
-            "mcs_agent_reachable_members",
-            "Members whose watches are healthy",
-            self.reachable.clone(),
-        );
-        registry.register(
-            "mcs_agent_hub_reachable",
-            "1 when the hub answers (hub topology), else 0",
-            self.hub_reachable.clone(),
-        );
-    }
-
     /// Reconciles so far.
     pub fn reconciles(&self) -> u64 {
-        self.reconciles.get()
+        self.0.reconciles.load(Ordering::Relaxed)
     }
 
     /// Reconciles that failed so far (each is retried).
     pub fn reconcile_errors(&self) -> u64 {
-        self.errors.get()
+        self.0.errors.load(Ordering::Relaxed)
     }
 
     fn reconciled(&self) {
-        self.reconciles.inc();
+        self.0.reconciles.fetch_add(1, Ordering::Relaxed);
+        self.0.reconciles_counter.increment(1);
     }
 
     fn failed(&self) {
-        self.errors.inc();
+        self.0.errors.fetch_add(1, Ordering::Relaxed);
+        self.0.errors_counter.increment(1);
     }
 
-    fn set_services(&self, n: usize) {
-        self.services.set(i64::try_from(n).unwrap_or(i64::MAX));
+    /// Sets every gauge (also when unchanged: see [`crate::metrics`] on refreshing).
+    fn publish(&self, values: &GaugeValues) {
+        let i = &self.0;
+        i.services.set(values.services as f64);
+        i.reachable.set(values.reachable as f64);
+        i.hub_reachable
+            .set(f64::from(u8::from(values.hub_reachable)));
+        i.ready.set(f64::from(u8::from(values.ready)));
+        let mut members = i.member_up.lock().unwrap_or_else(|e| e.into_inner());
+        members.retain(|id, _| values.members.contains_key(id));
+        for (id, up) in &values.members {
+            members
+                .entry(id.clone())
+                .or_insert_with(|| {
+                    metrics::gauge!(crate::metrics::AGENT_MEMBER_UP, "cluster" => id.to_string())
+                })
+                .set(f64::from(u8::from(*up)));
+        }
     }
+}
 
-    fn set_reachable(&self, n: usize) {
-        self.reachable.set(i64::try_from(n).unwrap_or(i64::MAX));
-    }
-
-    fn set_hub_reachable(&self, up: bool) {
-        self.hub_reachable.set(i64::from(up));
-    }
+/// What the agent's gauges say at one moment.
+#[derive(Debug, Default)]
+struct GaugeValues {
+    services: usize,
+    reachable: usize,
+    hub_reachable: bool,
+    ready: bool,
+    /// Every member present, and whether it is reachable.
+    members: BTreeMap<ClusterId, bool>,
 }
 
 /// Why the agent is not ready, for readiness endpoints, logs and tests.
