@@ -3,11 +3,18 @@
 //!
 //! - `mcs-agent`: the MCS agent of one member cluster ([`mcs_kube::agent`]);
 //! - `mcs-dns`: the `clusterset.local` DNS server ([`mcs_kube::dns`]);
-//! - `mcs-crds`: prints the CRDs generated from [`mcs_core::api`].
+//! - `mcs-crds`: prints the CRDs generated from [`mcs_core::api`];
+//! - `kubectl-mcs`: the operator's view, a kubectl plugin (`kubectl mcs status`,
+//!   `kubectl mcs check`), built from [`gather`] (reads), [`status`] and [`check`] (pure
+//!   judgements, serialisable reports) and [`table`] (plain-text output).
 //!
 //! This library holds what the binaries share: [`main`], their `main` body, and
 //! [`install_metrics`], the Prometheus recorder behind their `/metrics`.
 
+pub mod check;
+pub mod gather;
+pub mod status;
+pub mod table;
 
 use std::future::Future;
 use std::process::ExitCode;

@@ -132,6 +132,8 @@ pub const AGENT_HEARTBEAT: &str = "mcs-agent";
 pub const HEARTBEAT_READY: &str = "mcs.dev/ready";
 /// Annotation of the heartbeat Lease: why the process is not ready (empty when it is).
 pub const HEARTBEAT_REASON: &str = "mcs.dev/not-ready-reason";
+/// The [`HEARTBEAT_REASON`] a process writes when it stops.
+pub const HEARTBEAT_STOPPED: &str = "stopped";
 
 impl Heartbeat {
     /// The heartbeat `name` in `namespace`, held by `identity`, lasting 40 s.
@@ -217,7 +219,7 @@ pub async fn heartbeat(
         .patch(
             &beat.name,
             &apply,
-            &Patch::Apply(&lease(Err("stopped".to_owned()))),
+            &Patch::Apply(&lease(Err(HEARTBEAT_STOPPED.to_owned()))),
         )
         .await;
 }
