@@ -12,16 +12,15 @@ use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kube::api::{Api, ListParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use mcs_core::api::v1beta1::{ClusterProperty, ServiceExport, ServiceImport};
 use mcs_core::api::{
     ABOUT_GROUP, CLUSTER_ID_PROPERTY, CLUSTERSET_PROPERTY, LABEL_SERVICE_NAME, MCS_GROUP, v1alpha1,
 };
-use mcs_core::cidr::{Cidr, ClusterRanges};
+use mcs_core::cidr::ClusterRanges;
 use mcs_kube::admin::{AGENT_HEARTBEAT, HEARTBEAT_READY, HEARTBEAT_REASON};
 
 use crate::check::{DnsFacts, HeartbeatSeen, MemberFacts};
@@ -243,37 +242,11 @@ async fn list_exports(
 }
 
 /// A member's pod ranges (its Nodes' `spec.podCIDRs`) and service ranges (its
-/// `networking.k8s.io/v1` ServiceCIDRs). Text that is no CIDR is skipped.
+/// `networking.k8s.io/v1` ServiceCIDRs), as the agent reads them.
 pub async fn ranges(client: &kube::Client) -> Result<ClusterRanges, String> {
-    let nodes = Api::<Node>::all(client.clone())
-        .list(&ListParams::default())
+    mcs_kube::agent::cidr::read_ranges(client)
         .await
-        .map_err(|e| format!("Nodes: {}", describe(&e)))?;
-    let mut ranges = ClusterRanges::default();
-    for node in nodes.items {
-        let spec = node.spec.unwrap_or_default();
-        let cidrs = spec
-            .pod_cidrs
-            .unwrap_or_else(|| spec.pod_cidr.into_iter().collect());
-        ranges
-            .pods
-            .extend(cidrs.iter().filter_map(|c| c.parse::<Cidr>().ok()));
-    }
-    let service_cidrs = Api::<ServiceCIDR>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| format!("ServiceCIDRs: {}", describe(&e)))?;
-    for sc in service_cidrs.items {
-        let cidrs = sc.spec.and_then(|s| s.cidrs).unwrap_or_default();
-        ranges
-            .services
-            .extend(cidrs.iter().filter_map(|c| c.parse::<Cidr>().ok()));
-    }
-    ranges.pods.sort();
-    ranges.pods.dedup();
-    ranges.services.sort();
-    ranges.services.dedup();
-    Ok(ranges)
+        .map_err(|e| describe(&e))
 }
 
 /// Settings of the checks.
@@ -372,6 +345,8 @@ const AGENT_REQUESTS: &[(&str, &str, &str, &str)] = &[
     ("patch", "discovery.k8s.io", "endpointslices", ""),
     ("delete", "discovery.k8s.io", "endpointslices", ""),
     ("watch", "", "namespaces", ""),
+    ("list", "", "nodes", ""),
+    ("list", "networking.k8s.io", "servicecidrs", ""),
     ("create", "events.k8s.io", "events", ""),
 ];
 

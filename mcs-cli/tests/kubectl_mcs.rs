@@ -8,7 +8,9 @@
 //!   fails (exit 1) once an agent is killed.
 //! - `overlapping_ranges_and_unreachable_members`: two clusters started with overlapping
 //!   service CIDRs (and Nodes with overlapping pod CIDRs): `check` fails naming both
-//!   ranges, `status` warns; a member whose API server is down makes `status` exit 1 and
+//!   ranges, `status` warns; the agents report the overlaps and an endpoint imported into
+//!   the other cluster's service range as Warning events and on `/metrics`, and `status`
+//!   shows that endpoint as local; a member whose API server is down makes `status` exit 1 and
 //!   `check` report it; a context that does not exist exits 2.
 
 #[path = "../../mcs-kube/tests/support/mod.rs"]
@@ -165,7 +167,13 @@ async fn export_only(client: &Client, name: &str) {
 /// `mcs-agent` of `local` (its kubeconfig as the default configuration, as in a Pod),
 /// with every cluster of `all` as a member and a short heartbeat.
 fn agent(local: &TestCluster, all: &[&TestCluster]) -> Child {
+    agent_with(local, all, &["--admin-listen=127.0.0.1:0".to_owned()])
+}
+
+/// [`agent`] with `extra` arguments (which must include `--admin-listen`).
+fn agent_with(local: &TestCluster, all: &[&TestCluster], extra: &[String]) -> Child {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_mcs-agent"));
+    cmd.args(extra);
     for c in all {
         cmd.arg(format!(
             "--member={}={}",
@@ -173,8 +181,7 @@ fn agent(local: &TestCluster, all: &[&TestCluster]) -> Child {
             c.kubeconfig_path().display()
         ));
     }
-    cmd.arg("--admin-listen=127.0.0.1:0")
-        .arg(format!("--heartbeat-namespace={AGENT_NS}"))
+    cmd.arg(format!("--heartbeat-namespace={AGENT_NS}"))
         .arg("--heartbeat-seconds=6")
         .env("KUBECONFIG", local.kubeconfig_path())
         .env("RUST_LOG", "warn")
@@ -187,8 +194,8 @@ fn agent(local: &TestCluster, all: &[&TestCluster]) -> Child {
         .expect("start mcs-agent")
 }
 
-/// A loopback port free for both UDP and TCP right now.
-fn free_dns_port() -> u16 {
+/// A loopback port free for both UDP and TCP right now (DNS needs both).
+fn free_port() -> u16 {
     loop {
         let udp = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind UDP");
         let port = udp.local_addr().expect("local address").port();
@@ -306,7 +313,7 @@ async fn status_and_check_of_a_clusterset() {
     }
     let _east_agent = agent(&east, &all);
     let mut west_agent = agent(&west, &all);
-    let dns_port = free_dns_port();
+    let dns_port = free_port();
     let _dns = dns(&east, dns_port);
 
     // status, every service, once the agents have converged.
@@ -596,6 +603,128 @@ async fn overlapping_ranges_and_unreachable_members() {
     let report: StatusReport = parse(&run);
     assert_eq!(report.warnings.len(), 2, "{report:#?}");
     assert!(report.services.is_empty(), "{report:#?}");
+
+    // The agents see it too. West exports a service whose endpoint lies in east's service
+    // range: east's agent imports it and reports it, and the overlaps, as Warning events
+    // and on /metrics.
+    for c in [&east, &west] {
+        let client = c.client().await;
+        support::create_namespace(&client, NS).await;
+        support::create_namespace(&client, AGENT_NS).await;
+    }
+    let west_client = west.client().await;
+    export(&west_client, "accrual", false, None).await;
+    let slice: k8s_openapi::api::discovery::v1::EndpointSlice =
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "accrual-1", "namespace": NS, "labels": {
+                "kubernetes.io/service-name": "accrual",
+                "endpointslice.kubernetes.io/managed-by": "kubectl-mcs-test",
+            }},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.0.0.50"], "conditions": {"ready": true}}],
+            "ports": [{"name": "http", "port": 80, "protocol": "TCP"}],
+        }))
+        .unwrap();
+    Api::<k8s_openapi::api::discovery::v1::EndpointSlice>::namespaced(west_client.clone(), NS)
+        .create(&PostParams::default(), &slice)
+        .await
+        .expect("create west's EndpointSlice");
+    let admin_port = free_port();
+    let _east_agent = agent_with(
+        &east,
+        &[&east, &west],
+        &[
+            format!("--admin-listen=127.0.0.1:{admin_port}"),
+            "--cidr-check-seconds=1".to_owned(),
+        ],
+    );
+    let _west_agent = agent(&west, &[&east, &west]);
+    let metrics_url = format!("http://127.0.0.1:{admin_port}/metrics");
+    let wanted = [
+        r#"mcs_agent_cidr_conflicts{kind="local_endpoint",cluster="west"} 1"#,
+        r#"mcs_agent_cidr_conflicts{kind="member_overlap",cluster="west"} 2"#,
+    ];
+    let scraped = support::wait_for(
+        "east's agent to count the CIDR problems",
+        BUDGET,
+        || async {
+            let (code, body) = support::http_get(&metrics_url).await.ok()?;
+            (code == 200 && wanted.iter().all(|w| body.lines().any(|l| l == *w))).then_some(body)
+        },
+    )
+    .await;
+    assert!(
+        scraped.contains("# TYPE mcs_agent_cidr_conflicts gauge"),
+        "{scraped}"
+    );
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(east.client().await);
+    let (local, overlap) = support::wait_for("east's agent's Warning events", BUDGET, || async {
+        let list = events.list(&Default::default()).await.ok()?.items;
+        let find = |reason: &str| {
+            list.iter()
+                .find(|e| {
+                    e.reason.as_deref() == Some(reason) && e.type_.as_deref() == Some("Warning")
+                })
+                .cloned()
+        };
+        Some((
+            find("ImportedEndpointInLocalCIDR")?,
+            find("OverlappingClusterCIDR")?,
+        ))
+    })
+    .await;
+    let regarding = local.regarding.as_ref().expect("regarding");
+    assert_eq!(
+        (
+            regarding.kind.as_deref(),
+            regarding.namespace.as_deref(),
+            regarding.name.as_deref()
+        ),
+        (Some("ServiceImport"), Some(NS), Some("accrual"))
+    );
+    assert_eq!(
+        local.note.as_deref(),
+        Some(
+            "1 endpoint(s) of loyalty/accrual imported from west lie in this cluster's own ranges, so traffic to them stays here: 10.0.0.50 in service range 10.0.0.0/24"
+        )
+    );
+    assert!(
+        overlap
+            .note
+            .as_deref()
+            .is_some_and(|n| n.starts_with("east ")),
+        "{overlap:#?}"
+    );
+    // And status shows east's view of west's endpoint as local.
+    let report: StatusReport = support::wait_for("status to show the import", BUDGET, || async {
+        let report: StatusReport = parse(&kubectl_mcs(&kubeconfig, &args("status")).await);
+        let found = report
+            .services
+            .iter()
+            .any(|s| s.imports.iter().any(|i| i.cluster == "east"));
+        found.then_some(report)
+    })
+    .await;
+    let accrual = service(&report, "accrual");
+    let east_view = accrual
+        .imports
+        .iter()
+        .find(|i| i.cluster == "east")
+        .and_then(|i| i.sources.iter().find(|v| v.cluster == "west"))
+        .unwrap_or_else(|| panic!("{accrual:#?}"));
+    assert_eq!(
+        east_view.local_addresses,
+        ["10.0.0.50 in service range 10.0.0.0/24"],
+        "{accrual:#?}"
+    );
+    assert!(
+        accrual
+            .problems
+            .iter()
+            .any(|p| p.starts_with("east: endpoints imported from west are inside its own ranges")),
+        "{accrual:#?}"
+    );
 
     // West's API server goes down: status still shows east, and exits 1; check names west.
     west.stop();

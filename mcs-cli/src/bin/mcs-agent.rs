@@ -60,6 +60,10 @@ struct Args {
     /// Duration of the heartbeat Lease in seconds (renewed every third of it).
     #[arg(long, default_value_t = 40)]
     heartbeat_seconds: u64,
+    /// Seconds between CIDR checks (imported endpoints inside this cluster's ranges,
+    /// members with overlapping ranges).
+    #[arg(long, default_value_t = 60)]
+    cidr_check_seconds: u64,
 }
 
 #[tokio::main]
@@ -112,7 +116,8 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut config = AgentConfig::new(local.clone(), members)
         .metrics_refresh(gauge_idle / 4)
         .unreachable_grace(Duration::from_secs(args.unreachable_grace_seconds))
-        .resync(Duration::from_secs(args.resync_seconds));
+        .resync(Duration::from_secs(args.resync_seconds))
+        .cidr_interval(Duration::from_secs(args.cidr_check_seconds));
     if !args.allowed_namespaces.is_empty() {
         config = config.allowed_namespaces(args.allowed_namespaces.clone());
     }

@@ -26,6 +26,7 @@
 //! Modules: [`desired`] and [`reconcile`] decide (no I/O); [`index`] holds watch state;
 //! the controller and writer only wire watches, decisions and writes together.
 
+pub mod cidr;
 mod controller;
 pub mod desired;
 mod health;
@@ -139,6 +140,8 @@ pub struct AgentConfig {
     /// How often the agent sets its gauges again even when nothing changed (default
     /// [`crate::metrics::GAUGE_REFRESH`]); a recorder's gauge idle timeout must be longer.
     pub metrics_refresh: Duration,
+    /// How often the CIDR checks run ([`cidr`]; default 60 s).
+    pub cidr_interval: Duration,
 }
 
 impl AgentConfig {
@@ -163,6 +166,7 @@ impl AgentConfig {
             allowed_namespaces: None,
             probe_interval: Duration::from_secs(10),
             metrics_refresh: crate::metrics::GAUGE_REFRESH,
+            cidr_interval: Duration::from_secs(60),
         }
     }
 
@@ -191,6 +195,13 @@ impl AgentConfig {
     #[must_use]
     pub fn metrics_refresh(mut self, every: Duration) -> Self {
         self.metrics_refresh = every.max(Duration::from_millis(10));
+        self
+    }
+
+    /// Sets how often the CIDR checks run (at least 100 ms).
+    #[must_use]
+    pub fn cidr_interval(mut self, every: Duration) -> Self {
+        self.cidr_interval = every.max(Duration::from_millis(100));
         self
     }
 
@@ -501,7 +512,8 @@ impl Agent {
 
     /// Runs until `shutdown` completes.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
-        controller::run(
+        let cidr = self.cidr_task().map(|task| tokio::spawn(task.run()));
+        let result = controller::run(
             self.config,
             self.ready,
             self.health,
@@ -509,6 +521,37 @@ impl Agent {
             self.resync,
             shutdown,
         )
-        .await
+        .await;
+        if let Some(cidr) = cidr {
+            cidr.abort();
+        }
+        result
+    }
+
+    /// The CIDR checks of this configuration: the local cluster's client, and in the mesh
+    /// topology the other members'. `None` when no member is the local cluster (the
+    /// controller refuses that configuration).
+    fn cidr_task(&self) -> Option<cidr::CidrTask> {
+        let config = &self.config;
+        let (local_client, peers) = match &config.topology {
+            Topology::Mesh { members } => {
+                let local = members.iter().find(|m| m.id == config.local)?;
+                let peers = members
+                    .iter()
+                    .filter(|m| m.id != config.local)
+                    .map(|m| (m.id.clone(), m.client.clone()))
+                    .collect();
+                (local.client.clone(), peers)
+            }
+            Topology::Hub(hub) => (hub.local.clone(), Vec::new()),
+        };
+        Some(cidr::CidrTask {
+            local: config.local.clone(),
+            local_client,
+            peers,
+            interval: config.cidr_interval,
+            refresh: config.metrics_refresh,
+            controller: config.field_manager.clone(),
+        })
     }
 }
