@@ -654,9 +654,17 @@ async fn overlapping_ranges_and_unreachable_members() {
         },
     )
     .await;
+    // Every agent metric of the table (docs/metrics.md, mcs_kube::metrics::ALL) is on the
+    // agent's /metrics, with the type the table gives it.
+    let missing: Vec<String> = mcs_kube::metrics::ALL
+        .iter()
+        .filter(|m| m.name.starts_with("mcs_agent_"))
+        .map(|m| format!("# TYPE {} {}", m.name, m.kind.as_str()))
+        .filter(|line| !scraped.lines().any(|l| l == line))
+        .collect();
     assert!(
-        scraped.contains("# TYPE mcs_agent_cidr_conflicts gauge"),
-        "{scraped}"
+        missing.is_empty(),
+        "not on /metrics: {missing:?}\n{scraped}"
     );
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(east.client().await);
     let (local, overlap) = support::wait_for("east's agent's Warning events", BUDGET, || async {
