@@ -27,7 +27,7 @@ use serde::Serialize;
 
 /// Multi-cluster services: where each service went, and whether the ClusterSet is sound.
 #[derive(Debug, Parser)]
-#[command(name = "kubectl mcs", version)]
+#[command(name = "kubectl mcs", bin_name = "kubectl mcs", version)]
 struct Args {
     /// The kubeconfig (default: KUBECONFIG, several files merged, or ~/.kube/config).
     #[arg(long, global = true)]
@@ -62,8 +62,9 @@ enum Command {
     /// Pre-flight: agents, CRDs, cluster ids, RBAC, CIDRs and DNS of every member. Exits
     /// with 1 when a problem is found.
     Check {
-        /// Ask this DNS server for clusterset.local in a member, as CONTEXT=ADDRESS[:PORT]
-        /// (repeat; default: look for the zone in the member's CoreDNS configuration).
+        /// Ask this DNS server for clusterset.local in a member, as CONTEXT=ADDRESS or
+        /// CONTEXT=ADDRESS:PORT (port 53 by default; repeat for several members; default:
+        /// look for the zone in the member's CoreDNS configuration).
         #[arg(long = "dns", value_parser = gather::parse_dns)]
         dns: Vec<(String, std::net::SocketAddr)>,
         /// The agent's namespace (its heartbeat Lease and ServiceAccount).
