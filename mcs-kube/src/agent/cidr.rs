@@ -23,6 +23,8 @@ use mcs_core::ClusterId;
 use mcs_core::api::{CLUSTER_ID_PROPERTY, LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER};
 use mcs_core::cidr::{self, Cidr, ClusterRanges, RangeKind};
 
+use super::desired::{LABEL_SLICE_MANAGED_BY, MANAGED_BY};
+
 /// `kind` label of the gauge for a member whose ranges overlap this cluster's.
 pub const MEMBER_OVERLAP: &str = "member_overlap";
 /// `kind` label of the gauge for imported endpoints inside this cluster's ranges.
@@ -208,12 +210,14 @@ pub async fn read_ranges(client: &kube::Client) -> Result<ClusterRanges, kube::E
     Ok(ranges)
 }
 
-/// Every address of the EndpointSlices this cluster's agent imported.
+/// Every address of the EndpointSlices this cluster's agent imported (selected by its
+/// own managed-by label: the agent never lists every EndpointSlice of its cluster).
 async fn read_imported(client: &kube::Client) -> Result<Vec<ImportedAddress>, kube::Error> {
+    let selector = format!(
+        "{LABEL_SLICE_MANAGED_BY}={MANAGED_BY},{LABEL_SERVICE_NAME},{LABEL_SOURCE_CLUSTER}"
+    );
     let slices = Api::<EndpointSlice>::all(client.clone())
-        .list(
-            &ListParams::default().labels(&format!("{LABEL_SERVICE_NAME},{LABEL_SOURCE_CLUSTER}")),
-        )
+        .list(&ListParams::default().labels(&selector))
         .await?;
     let mut out = Vec::new();
     for slice in slices {
