@@ -24,7 +24,7 @@ use crate::error::Error;
 use crate::metrics::{EndpointGauges, TargetMetrics};
 
 /// How often the discovery task refreshes the snapshot-age gauge and checks idleness.
-const TICK: Duration = Duration::from_secs(5);
+pub(crate) const TICK: Duration = Duration::from_secs(5);
 /// Backoff bounds for re-subscribing when a resolution stream ends.
 const RESUBSCRIBE_MIN: Duration = Duration::from_secs(1);
 const RESUBSCRIBE_MAX: Duration = Duration::from_secs(30);
@@ -542,6 +542,8 @@ async fn discover(
                     }
                     // Ejections end silently when their deadline passes.
                     shared.publish_ejected(now);
+                    // Live gauges are set again; those let go are not (see crate::metrics).
+                    gauges.refresh();
                     if let Some(idle) = idle_timeout
                         && shared.idle_for(now) >= idle
                     {

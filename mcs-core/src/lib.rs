@@ -10,7 +10,9 @@
 //! - [`name`]: the `clusterset.local` name grammar;
 //! - [`merge`]: turning every cluster's export of a service into one ServiceImport;
 //! - [`discovery`] and [`endpoints`]: endpoint update streams and in-process selection;
-//! - [`slices`] and [`dns`]: reading MCS EndpointSlices and building `clusterset.local` DNS answers.
+//! - [`slices`] and [`dns`]: reading MCS EndpointSlices and building `clusterset.local` DNS answers;
+//! - [`cidr`]: pod and service ranges, and the overlaps that break routing between members;
+//! - [`metrics`]: how the other crates describe the metrics they record.
 //!
 //! Time and randomness are always passed in, so every algorithm is deterministic.
 //!
@@ -30,12 +32,14 @@
 //! ```
 
 pub mod api;
+pub mod cidr;
 pub mod cluster;
 pub mod conditions;
 pub mod discovery;
 pub mod dns;
 pub mod endpoints;
 pub mod merge;
+pub mod metrics;
 pub mod name;
 pub mod slices;
 

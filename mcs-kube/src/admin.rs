@@ -1,13 +1,15 @@
-//! The admin HTTP endpoint of the binaries (crate `mcs-cli`): `/metrics` (Prometheus text),
-//! `/healthz` (alive) and `/readyz` (200 when ready; otherwise 503 with the reason as the
-//! body); plus the signal handling and client set-up they share. Nothing here installs a
-//! global subscriber or reads the command line: that is the binaries' business.
+//! The admin HTTP endpoint of the binaries (crate `mcs-cli`): `/metrics` (Prometheus text,
+//! rendered by whatever recorder the binary installed), `/healthz` (alive) and `/readyz`
+//! (200 when ready; otherwise 503 with the reason as the body); plus the signal handling and
+//! client set-up they share. Nothing here installs a global subscriber or recorder, or
+//! reads the command line: that is the binaries' business.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -15,7 +17,6 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
 /// What `/readyz` reports.
@@ -35,14 +36,28 @@ impl Readiness for Arc<AtomicBool> {
     }
 }
 
+/// What `/metrics` answers: the Prometheus text exposition of the process's metrics (for
+/// example `PrometheusHandle::render` of `metrics-exporter-prometheus`).
+pub trait RenderMetrics: Send + Sync + 'static {
+    /// The metrics in the Prometheus text format.
+    fn render(&self) -> String;
+}
+
+impl<F: Fn() -> String + Send + Sync + 'static> RenderMetrics for F {
+    fn render(&self) -> String {
+        self()
+    }
+}
+
 /// Serves the admin endpoint on `listener` until `shutdown` completes.
 pub async fn serve(
     listener: TcpListener,
-    registry: Arc<Mutex<Registry>>,
+    metrics: impl RenderMetrics,
     ready: impl Readiness,
     shutdown: impl Future<Output = ()>,
 ) {
     let ready: Arc<dyn Readiness> = Arc::new(ready);
+    let metrics: Arc<dyn RenderMetrics> = Arc::new(metrics);
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let (stream, _) = tokio::select! {
@@ -55,11 +70,11 @@ pub async fn serve(
             },
             () = &mut shutdown => return,
         };
-        let registry = Arc::clone(&registry);
+        let metrics = Arc::clone(&metrics);
         let ready = Arc::clone(&ready);
         tokio::spawn(async move {
             let service = service_fn(move |req: Request<Incoming>| {
-                let response = respond(req.uri().path(), &registry, &*ready);
+                let response = respond(req.uri().path(), &*metrics, &*ready);
                 async move { Ok::<_, Infallible>(response) }
             });
             if let Err(e) = hyper::server::conn::http1::Builder::new()
@@ -77,29 +92,136 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
-fn respond(path: &str, registry: &Mutex<Registry>, ready: &dyn Readiness) -> Response<Full<Bytes>> {
+fn respond(
+    path: &str,
+    metrics: &dyn RenderMetrics,
+    ready: &dyn Readiness,
+) -> Response<Full<Bytes>> {
     let (status, body) = match path {
         "/healthz" | "/livez" => (StatusCode::OK, "ok\n".to_owned()),
         "/readyz" => match ready.check() {
             Ok(()) => (StatusCode::OK, "ready\n".to_owned()),
             Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")),
         },
-        "/metrics" => {
-            let mut text = String::new();
-            let registry = registry.lock().unwrap_or_else(|e| e.into_inner());
-            match prometheus_client::encoding::text::encode(&mut text, &registry) {
-                Ok(()) => (StatusCode::OK, text),
-                Err(e) => (
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    format!("cannot encode metrics: {e}\n"),
-                ),
-            }
-        }
+        "/metrics" => (StatusCode::OK, metrics.render()),
         _ => (StatusCode::NOT_FOUND, "not found\n".to_owned()),
     };
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
     response
+}
+
+/// The Lease a process renews in its own cluster to say it runs and whether it is ready
+/// ([`heartbeat`]); `kubectl mcs check` reads it.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Heartbeat {
+    /// The Lease's namespace (the agent's own, e.g. `mcs-system`).
+    pub namespace: String,
+    /// The Lease's name (e.g. [`AGENT_HEARTBEAT`]).
+    pub name: String,
+    /// Its `holderIdentity`: the cluster id.
+    pub identity: String,
+    /// `leaseDurationSeconds`: the Lease is renewed every third of it.
+    pub duration: Duration,
+}
+
+/// The name of the agent's heartbeat Lease.
+pub const AGENT_HEARTBEAT: &str = "mcs-agent";
+/// Annotation of the heartbeat Lease: `true` while ready, else `false`.
+pub const HEARTBEAT_READY: &str = "mcs.dev/ready";
+/// Annotation of the heartbeat Lease: why the process is not ready (empty when it is).
+pub const HEARTBEAT_REASON: &str = "mcs.dev/not-ready-reason";
+/// The [`HEARTBEAT_REASON`] a process writes when it stops.
+pub const HEARTBEAT_STOPPED: &str = "stopped";
+
+impl Heartbeat {
+    /// The heartbeat `name` in `namespace`, held by `identity`, lasting 40 s.
+    pub fn new(namespace: &str, name: &str, identity: &str) -> Self {
+        Self {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            identity: identity.to_owned(),
+            duration: Duration::from_secs(40),
+        }
+    }
+
+    /// Sets the Lease duration (at least 1 s).
+    #[must_use]
+    pub fn duration(mut self, duration: Duration) -> Self {
+        self.duration = duration.max(Duration::from_secs(1));
+        self
+    }
+}
+
+/// Renews `beat` through `client` every third of its duration with the readiness `ready`
+/// reports (annotations [`HEARTBEAT_READY`] and [`HEARTBEAT_REASON`]) until `shutdown`
+/// completes; then writes it once more as not ready, `stopped`. Failures are logged when
+/// they start and end; they do not stop the heartbeat.
+pub async fn heartbeat(
+    client: kube::Client,
+    beat: Heartbeat,
+    ready: impl Readiness,
+    shutdown: impl Future<Output = ()>,
+) {
+    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+    use kube::api::{Api, Patch, PatchParams};
+
+    let leases: Api<Lease> = Api::namespaced(client, &beat.namespace);
+    let apply = PatchParams::apply("mcs-heartbeat").force();
+    let seconds = i32::try_from(beat.duration.as_secs().max(1)).unwrap_or(i32::MAX);
+    let lease = |state: Result<(), String>| Lease {
+        metadata: ObjectMeta {
+            name: Some(beat.name.clone()),
+            namespace: Some(beat.namespace.clone()),
+            annotations: Some(
+                [
+                    (HEARTBEAT_READY.to_owned(), state.is_ok().to_string()),
+                    (HEARTBEAT_REASON.to_owned(), state.err().unwrap_or_default()),
+                ]
+                .into(),
+            ),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(beat.identity.clone()),
+            lease_duration_seconds: Some(seconds),
+            renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
+            ..Default::default()
+        }),
+    };
+    let mut tick = tokio::time::interval((beat.duration / 3).max(Duration::from_millis(100)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = &mut shutdown => break,
+        }
+        let result = leases
+            .patch(&beat.name, &apply, &Patch::Apply(&lease(ready.check())))
+            .await;
+        match result {
+            Ok(_) if failing => {
+                failing = false;
+                tracing::info!(namespace = %beat.namespace, name = %beat.name, "heartbeat Lease renewed again");
+            }
+            Err(e) if !failing => {
+                failing = true;
+                tracing::warn!(namespace = %beat.namespace, name = %beat.name, error = %e, "cannot renew the heartbeat Lease (kubectl mcs check will report this process down)");
+            }
+            _ => {}
+        }
+    }
+    let _ = leases
+        .patch(
+            &beat.name,
+            &apply,
+            &Patch::Apply(&lease(Err(HEARTBEAT_STOPPED.to_owned()))),
+        )
+        .await;
 }
 
 /// Resolves when the process gets SIGINT or SIGTERM.

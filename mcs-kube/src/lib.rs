@@ -5,7 +5,8 @@
 //! - [`dns`]: the `clusterset.local` DNS server (`mcs-dns`), answering from the local
 //!   cluster's ServiceImports and MCS EndpointSlices;
 //! - [`resolver`]: the Kubernetes-backed resolver for `mcs-client`;
-//! - [`admin`]: the admin HTTP endpoint (`/metrics`, `/healthz`, `/readyz`) of the binaries.
+//! - [`admin`]: the admin HTTP endpoint (`/metrics`, `/healthz`, `/readyz`) of the binaries;
+//! - [`metrics`]: every metric the agent and the DNS server record.
 //!
 //! The binaries (`mcs-agent`, `mcs-dns`, `mcs-crds`) are in the `mcs-cli` crate; this
 //! library neither parses command lines nor installs a global `tracing` subscriber.
@@ -14,4 +15,5 @@ pub mod admin;
 pub mod agent;
 pub mod dns;
 pub mod hub;
+pub mod metrics;
 pub mod resolver;

@@ -309,7 +309,7 @@ impl RunningAgent {
         let listener = tokio::net::TcpListener::from_std(listener).expect("admin listener");
         let admin_task = tokio::spawn(mcs_kube::admin::serve(
             listener,
-            Arc::new(Mutex::new(prometheus_client::registry::Registry::default())),
+            String::new,
             agent.readiness(),
             std::future::pending(),
         ));
@@ -829,6 +829,9 @@ async fn without_its_binding_or_one_rule_the_agent_is_not_ready_and_names_the_fo
             can("delete", DISCOVERY, "endpointslices").in_ns(NS),
             can("create", "events.k8s.io", "events").in_ns(NS),
             can("get", "about.k8s.io", "clusterproperties").named(CLUSTER_ID_PROPERTY),
+            // The CIDR checks: pod ranges of the Nodes, service ranges.
+            can("list", "", "nodes"),
+            can("list", "networking.k8s.io", "servicecidrs"),
         ],
         &[
             can("get", "", "secrets").in_ns(NS),
@@ -837,7 +840,8 @@ async fn without_its_binding_or_one_rule_the_agent_is_not_ready_and_names_the_fo
             can("list", "", "pods"),
             can("create", "", "pods").in_ns(NS),
             can("create", "", "serviceaccounts").sub("token").in_ns(NS),
-            can("list", "", "nodes"),
+            can("get", "", "nodes").named("any"),
+            can("patch", "", "nodes").named("any"),
             can("create", "", "namespaces"),
             can("delete", "", "namespaces").named(NS),
             // Exports belong to their owners: the agent only writes their status.
@@ -858,7 +862,7 @@ async fn without_its_binding_or_one_rule_the_agent_is_not_ready_and_names_the_fo
     )
     .await;
 
-    // The peer reader: read the three inputs, nothing else.
+    // The peer reader: read the three inputs and the ranges, nothing else.
     apply_manifest(admin, PEER_READER, &[]).await;
     let peer = peer_user();
     let reader = set.clusters[0].client_as_user(&peer, &[]).await;
@@ -870,6 +874,8 @@ async fn without_its_binding_or_one_rule_the_agent_is_not_ready_and_names_the_fo
             can("list", MCS, "serviceexports"),
             can("watch", "", "services"),
             can("watch", DISCOVERY, "endpointslices"),
+            can("list", "", "nodes"),
+            can("list", "networking.k8s.io", "servicecidrs"),
         ],
         &[
             can("get", MCS, "serviceimports").in_ns(NS),

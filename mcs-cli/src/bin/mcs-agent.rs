@@ -28,7 +28,6 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::Parser;
@@ -36,7 +35,6 @@ use mcs_core::ClusterId;
 use mcs_core::api::CLUSTER_ID_PROPERTY;
 use mcs_kube::admin;
 use mcs_kube::agent::{Agent, AgentConfig, HubConfig, Member, local_cluster_id};
-use prometheus_client::registry::Registry;
 
 /// The MCS agent: merges every member's ServiceExports (read from each member, or from a
 /// hub) and writes ServiceImports, EndpointSlices, derived Services and export conditions
@@ -75,6 +73,21 @@ struct Args {
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, env = "MCS_ADMIN_LISTEN", default_value = "0.0.0.0:9090")]
     admin_listen: SocketAddr,
+    /// Seconds a gauge not set again stays on /metrics (the series of a member that left
+    /// go after this); the agent sets live gauges four times as often.
+    #[arg(long, default_value_t = mcs_cli::DEFAULT_GAUGE_IDLE.as_secs())]
+    metrics_gauge_idle_seconds: u64,
+    /// Namespace of the heartbeat Lease `mcs-agent` the agent renews in its own cluster
+    /// with its readiness (what `kubectl mcs check` reads).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "mcs-system")]
+    heartbeat_namespace: String,
+    /// Duration of the heartbeat Lease in seconds (renewed every third of it).
+    #[arg(long, default_value_t = 40)]
+    heartbeat_seconds: u64,
+    /// Seconds between CIDR checks (imported endpoints inside this cluster's ranges,
+    /// members with overlapping ranges).
+    #[arg(long, default_value_t = 60)]
+    cidr_check_seconds: u64,
 }
 
 #[tokio::main]
@@ -123,8 +136,15 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             id
         }
     };
-    let config = match &args.hub {
-        None => AgentConfig::new(local.clone(), members),
+    // The heartbeat goes to the agent's own cluster.
+    let (config, local_client) = match &args.hub {
+        None => {
+            let own = members
+                .iter()
+                .find(|m| m.id == local)
+                .map(|m| m.client.clone());
+            (AgentConfig::new(local.clone(), members), own)
+        }
         Some(spec) => {
             let (path, context) = kubeconfig_and_context(spec);
             let hub = admin::kube_client(Some(&path), context.as_deref())
@@ -133,35 +153,58 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             let own = admin::kube_client(None, None)
                 .await
                 .map_err(|e| format!("the local cluster: {e}"))?;
-            AgentConfig::hub(
+            let config = AgentConfig::hub(
                 local.clone(),
-                HubConfig::new(own, hub)
+                HubConfig::new(own.clone(), hub)
                     .lease_duration(Duration::from_secs(args.hub_lease_seconds)),
-            )
+            );
+            (config, Some(own))
         }
     };
+    let gauge_idle = Duration::from_secs(args.metrics_gauge_idle_seconds.max(1));
+    let metrics = mcs_cli::install_metrics(gauge_idle)?;
     let mut config = config
+        .metrics_refresh(gauge_idle / 4)
         .unreachable_grace(Duration::from_secs(args.unreachable_grace_seconds))
-        .resync(Duration::from_secs(args.resync_seconds));
+        .resync(Duration::from_secs(args.resync_seconds))
+        .cidr_interval(Duration::from_secs(args.cidr_check_seconds));
     if !args.allowed_namespaces.is_empty() {
         config = config.allowed_namespaces(args.allowed_namespaces.clone());
     }
     let agent = Agent::new(config);
-    let mut registry = Registry::default();
-    agent.metrics().register(&mut registry);
     let listener = admin::bind(args.admin_listen).await?;
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     let admin_task = tokio::spawn(admin::serve(
         listener,
-        Arc::new(Mutex::new(registry)),
+        move || metrics.render(),
         agent.readiness(),
         async move {
             let _ = stop_rx.wait_for(|v| *v).await;
         },
     ));
+    let heartbeat = local_client.map(|client| {
+        let beat = admin::Heartbeat::new(
+            &args.heartbeat_namespace,
+            admin::AGENT_HEARTBEAT,
+            local.as_str(),
+        )
+        .duration(Duration::from_secs(args.heartbeat_seconds));
+        let mut stop = stop_tx.subscribe();
+        tokio::spawn(admin::heartbeat(
+            client,
+            beat,
+            agent.readiness(),
+            async move {
+                let _ = stop.wait_for(|v| *v).await;
+            },
+        ))
+    });
     tracing::info!(cluster = %local, "mcs-agent starting");
     let result = agent.run(admin::shutdown_signal()).await;
     let _ = stop_tx.send(true);
     let _ = admin_task.await;
+    if let Some(heartbeat) = heartbeat {
+        let _ = heartbeat.await;
+    }
     Ok(result?)
 }

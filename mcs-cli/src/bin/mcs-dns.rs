@@ -6,13 +6,11 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex};
 
 use clap::Parser;
 use mcs_core::name::Zone;
 use mcs_kube::admin;
 use mcs_kube::dns::{DnsConfig, DnsServer};
-use prometheus_client::registry::Registry;
 
 /// The clusterset.local DNS server of mcs.
 #[derive(Debug, Parser)]
@@ -53,6 +51,8 @@ async fn main() -> ExitCode {
 
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let zone = Zone::new(&args.zone)?;
+    // Before the server is bound: its counters register with the recorder then.
+    let metrics = mcs_cli::install_metrics(mcs_cli::DEFAULT_GAUGE_IDLE)?;
     let client = admin::kube_client(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
     let server = DnsServer::bind(
         DnsConfig::default()
@@ -63,8 +63,6 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             .listen(args.listen),
     )
     .await?;
-    let mut registry = Registry::with_prefix("");
-    server.metrics().register(&mut registry);
     let admin_listener = admin::bind(args.admin_listen).await?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
@@ -72,7 +70,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let admin = tokio::spawn(admin::serve(
         admin_listener,
-        Arc::new(Mutex::new(registry)),
+        move || metrics.render(),
         server.synced(),
         stopped(stop_rx.clone()),
     ));

@@ -23,7 +23,9 @@ use super::reconcile;
 use super::source::{self, Fact};
 use super::state::{Mode, Settings, State};
 use super::writer::Writer;
-use super::{AgentConfig, AgentError, AgentHealth, AgentMetrics, ResyncRequests, Topology};
+use super::{
+    AgentConfig, AgentError, AgentHealth, AgentMetrics, GaugeValues, ResyncRequests, Topology,
+};
 use crate::hub::publish::Publisher;
 
 /// Work the scheduler hands out.
@@ -155,6 +157,8 @@ pub(super) async fn run(
     let mut backlog = Backlog::default();
     let mut resync_timer =
         tokio::time::interval_at(tokio::time::Instant::now() + config.resync, config.resync);
+    let mut metrics_timer = tokio::time::interval(config.metrics_refresh);
+    let started = Instant::now();
     let mut shutdown = std::pin::pin!(shutdown);
 
     loop {
@@ -207,6 +211,8 @@ pub(super) async fn run(
                     }
                 }
             }
+            // Only wakes the loop: the gauges are set below.
+            _ = metrics_timer.tick() => {}
             Ok(()) = resync.requests.changed() => {
                 resync_wanted = Some(*resync.requests.borrow_and_update());
             }
@@ -257,21 +263,25 @@ pub(super) async fn run(
             }
         }
         let now = Instant::now();
-        metrics.set_services(state.merge.len());
-        metrics.set_reachable(state.reachable_members(now));
-        metrics.set_hub_reachable(mode == Mode::Hub && !state.hub.down());
         let finishing = pass.as_ref().is_some_and(|p| p.remaining.is_empty());
         let initial_done =
             first_pass_done || (finishing && pass.as_ref().is_some_and(|p| p.resync.is_none()));
         let reason = if !state.synced() || !initial_done {
             Some(
                 state
-                    .not_ready_reason(&forbidden)
+                    .not_ready_reason(&forbidden, now, started)
                     .unwrap_or_else(|| "starting: the first reconcile has not run yet".to_owned()),
             )
         } else {
-            state.not_ready_reason(&forbidden)
+            state.not_ready_reason(&forbidden, now, started)
         };
+        metrics.publish(&GaugeValues {
+            services: state.merge.len(),
+            reachable: state.reachable_members(now),
+            hub_reachable: mode == Mode::Hub && !state.hub.down(),
+            ready: reason.is_none(),
+            members: state.member_reachability(now),
+        });
         // Readiness first: whoever waits for the pass then reads it up to date.
         report_health(&config, &ready, &health, reason);
         if finishing && let Some(p) = pass.take() {

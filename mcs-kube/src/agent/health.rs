@@ -177,8 +177,12 @@ pub(crate) struct NotReady<'a> {
     pub(crate) forbidden_watches: Vec<(&'static str, &'a str)>,
     /// Its own cluster's id, for messages.
     pub(crate) cluster: &'a str,
-    /// First lists not done yet, described (e.g. `ServiceExport in west (timeout)`).
+    /// First lists not done yet, described (e.g. `ServiceExport in west (list: timeout,
+    /// failing for 12s)`).
     pub(crate) waiting: Vec<String>,
+    /// How long the agent has been running without being synced (when `waiting` is not
+    /// empty).
+    pub(crate) unsynced_for: Duration,
     /// The hub, when it is unreachable: the errors by what failed.
     pub(crate) hub_errors: Option<&'a BTreeMap<&'static str, String>>,
 }
@@ -215,11 +219,23 @@ pub(crate) fn not_ready_reason(n: &NotReady<'_>) -> Option<String> {
     }
     if !n.waiting.is_empty() {
         reasons.push(format!(
-            "not synced: waiting for the first list of {}",
+            "not synced for {}: waiting for the first list of {}",
+            for_human(n.unsynced_for),
             n.waiting.join(", ")
         ));
     }
     (!reasons.is_empty()).then(|| reasons.join("; "))
+}
+
+/// A duration for people: `250ms`, `12s`, `3m4s`, `2h5m`.
+pub(crate) fn for_human(d: Duration) -> String {
+    let secs = d.as_secs();
+    match secs {
+        0 => format!("{}ms", d.as_millis()),
+        1..60 => format!("{secs}s"),
+        60..3600 => format!("{}m{}s", secs / 60, secs % 60),
+        _ => format!("{}h{}m", secs / 3600, secs % 3600 / 60),
+    }
 }
 
 #[cfg(test)]
@@ -335,6 +351,14 @@ mod tests {
     }
 
     #[test]
+    fn durations_read_well() {
+        assert_eq!(for_human(Duration::from_millis(250)), "250ms");
+        assert_eq!(for_human(Duration::from_secs(12)), "12s");
+        assert_eq!(for_human(Duration::from_secs(184)), "3m4s");
+        assert_eq!(for_human(Duration::from_secs(7500)), "2h5m");
+    }
+
+    #[test]
     fn not_ready_reasons_name_the_cause() {
         assert_eq!(not_ready_reason(&NotReady::default()), None);
         let forbidden = BTreeMap::from([
@@ -352,7 +376,8 @@ mod tests {
             forbidden_writes: Some(&forbidden),
             forbidden_watches: vec![("Namespace", "forbidden: list")],
             cluster: "east",
-            waiting: vec!["ServiceExport in west".into()],
+            waiting: vec!["ServiceExport in west (list: timeout, failing for 12s)".into()],
+            unsynced_for: Duration::from_secs(75),
             hub_errors: Some(&hub),
         })
         .unwrap();
@@ -369,7 +394,9 @@ mod tests {
             "{reason}"
         );
         assert!(
-            reason.contains("waiting for the first list of ServiceExport in west"),
+            reason.contains(
+                "not synced for 1m15s: waiting for the first list of ServiceExport in west (list: timeout, failing for 12s)"
+            ),
             "{reason}"
         );
     }

@@ -26,6 +26,7 @@
 //! Modules: [`desired`] and [`reconcile`] decide (no I/O); [`index`] holds watch state;
 //! the controller and writer only wire watches, decisions and writes together.
 
+pub mod cidr;
 mod controller;
 pub mod desired;
 mod health;
@@ -36,16 +37,14 @@ mod source;
 mod state;
 mod writer;
 
+use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mcs_core::ClusterId;
 use mcs_core::api::{CLUSTER_ID_PROPERTY, v1beta1::ClusterProperty};
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
 pub use writer::WriteError;
@@ -138,6 +137,11 @@ pub struct AgentConfig {
     pub allowed_namespaces: Option<Vec<String>>,
     /// How often each member is probed with a small list request (default 10 s).
     pub probe_interval: Duration,
+    /// How often the agent sets its gauges again even when nothing changed (default
+    /// [`crate::metrics::GAUGE_REFRESH`]); a recorder's gauge idle timeout must be longer.
+    pub metrics_refresh: Duration,
+    /// How often the CIDR checks run ([`cidr`]; default 60 s).
+    pub cidr_interval: Duration,
 }
 
 impl AgentConfig {
@@ -161,6 +165,8 @@ impl AgentConfig {
             resync: Duration::from_secs(300),
             allowed_namespaces: None,
             probe_interval: Duration::from_secs(10),
+            metrics_refresh: crate::metrics::GAUGE_REFRESH,
+            cidr_interval: Duration::from_secs(60),
         }
     }
 
@@ -182,6 +188,20 @@ impl AgentConfig {
     #[must_use]
     pub fn probe_interval(mut self, interval: Duration) -> Self {
         self.probe_interval = interval;
+        self
+    }
+
+    /// Sets how often the gauges are set again (at least 10 ms).
+    #[must_use]
+    pub fn metrics_refresh(mut self, every: Duration) -> Self {
+        self.metrics_refresh = every.max(Duration::from_millis(10));
+        self
+    }
+
+    /// Sets how often the CIDR checks run (at least 100 ms).
+    #[must_use]
+    pub fn cidr_interval(mut self, every: Duration) -> Self {
+        self.cidr_interval = every.max(Duration::from_millis(100));
         self
     }
 
@@ -289,75 +309,97 @@ struct ResyncRequests {
     completed: watch::Sender<u64>,
 }
 
-/// The agent's Prometheus metrics.
-#[derive(Clone, Debug, Default)]
-pub struct AgentMetrics {
-    reconciles: Counter,
-    errors: Counter,
-    services: Gauge,
-    reachable: Gauge,
-    hub_reachable: Gauge,
+/// The agent's metrics, recorded through the `metrics` facade ([`crate::metrics`] lists
+/// them), and the counts a test can read without a recorder. Cheap to clone.
+///
+/// The handles without labels are registered with the recorder installed when the agent is
+/// built ([`Agent::new`]); per-member gauges are registered as members appear.
+#[derive(Clone, Debug)]
+pub struct AgentMetrics(Arc<MetricsInner>);
+
+#[derive(Debug)]
+struct MetricsInner {
+    reconciles: AtomicU64,
+    errors: AtomicU64,
+    reconciles_counter: metrics::Counter,
+    errors_counter: metrics::Counter,
+    services: metrics::Gauge,
+    reachable: metrics::Gauge,
+    hub_reachable: metrics::Gauge,
+    ready: metrics::Gauge,
+    /// One gauge per member present now; a member that leaves is dropped from here and
+    /// never set again, so an idle-timeout recorder drops its series.
+    member_up: Mutex<BTreeMap<ClusterId, metrics::Gauge>>,
+}
+
+impl Default for AgentMetrics {
+    fn default() -> Self {
+        use crate::metrics as m;
+        Self(Arc::new(MetricsInner {
+            reconciles: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            reconciles_counter: metrics::counter!(m::AGENT_RECONCILES),
+            errors_counter: metrics::counter!(m::AGENT_RECONCILE_ERRORS),
+            services: metrics::gauge!(m::AGENT_SERVICES),
+            reachable: metrics::gauge!(m::AGENT_REACHABLE_MEMBERS),
+            hub_reachable: metrics::gauge!(m::AGENT_HUB_REACHABLE),
+            ready: metrics::gauge!(m::AGENT_READY),
+            member_up: Mutex::new(BTreeMap::new()),
+        }))
+    }
 }
 
 impl AgentMetrics {
-    /// Registers `mcs_agent_*` metrics.
-    pub fn register(&self, registry: &mut Registry) {
-        registry.register(
-            "mcs_agent_reconciles",
-            "Services reconciled",
-            self.reconciles.clone(),
-        );
-        registry.register(
-            "mcs_agent_reconcile_errors",
-            "Reconciles that failed and will be retried",
-            self.errors.clone(),
-        );
-        registry.register(
-            "mcs_agent_services",
-            "Exported services known in the ClusterSet",
-            self.services.clone(),
-        );
-        registry.register(
-            "mcs_agent_reachable_members",
-            "Members whose watches are healthy",
-            self.reachable.clone(),
-        );
-        registry.register(
-            "mcs_agent_hub_reachable",
-            "1 when the hub answers (hub topology), else 0",
-            self.hub_reachable.clone(),
-        );
-    }
-
     /// Reconciles so far.
     pub fn reconciles(&self) -> u64 {
-        self.reconciles.get()
+        self.0.reconciles.load(Ordering::Relaxed)
     }
 
     /// Reconciles that failed so far (each is retried).
     pub fn reconcile_errors(&self) -> u64 {
-        self.errors.get()
+        self.0.errors.load(Ordering::Relaxed)
     }
 
     fn reconciled(&self) {
-        self.reconciles.inc();
+        self.0.reconciles.fetch_add(1, Ordering::Relaxed);
+        self.0.reconciles_counter.increment(1);
     }
 
     fn failed(&self) {
-        self.errors.inc();
+        self.0.errors.fetch_add(1, Ordering::Relaxed);
+        self.0.errors_counter.increment(1);
     }
 
-    fn set_services(&self, n: usize) {
-        self.services.set(i64::try_from(n).unwrap_or(i64::MAX));
+    /// Sets every gauge (also when unchanged: see [`crate::metrics`] on refreshing).
+    fn publish(&self, values: &GaugeValues) {
+        let i = &self.0;
+        i.services.set(values.services as f64);
+        i.reachable.set(values.reachable as f64);
+        i.hub_reachable
+            .set(f64::from(u8::from(values.hub_reachable)));
+        i.ready.set(f64::from(u8::from(values.ready)));
+        let mut members = i.member_up.lock().unwrap_or_else(|e| e.into_inner());
+        members.retain(|id, _| values.members.contains_key(id));
+        for (id, up) in &values.members {
+            members
+                .entry(id.clone())
+                .or_insert_with(|| {
+                    metrics::gauge!(crate::metrics::AGENT_MEMBER_UP, "cluster" => id.to_string())
+                })
+                .set(f64::from(u8::from(*up)));
+        }
     }
+}
 
-    fn set_reachable(&self, n: usize) {
-        self.reachable.set(i64::try_from(n).unwrap_or(i64::MAX));
-    }
-
-    fn set_hub_reachable(&self, up: bool) {
-        self.hub_reachable.set(i64::from(up));
-    }
+/// What the agent's gauges say at one moment.
+#[derive(Debug, Default)]
+struct GaugeValues {
+    services: usize,
+    reachable: usize,
+    hub_reachable: bool,
+    ready: bool,
+    /// Every member present, and whether it is reachable.
+    members: BTreeMap<ClusterId, bool>,
 }
 
 /// Why the agent is not ready, for readiness endpoints, logs and tests.
@@ -470,7 +512,8 @@ impl Agent {
 
     /// Runs until `shutdown` completes.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
-        controller::run(
+        let cidr = self.cidr_task().map(|task| tokio::spawn(task.run()));
+        let result = controller::run(
             self.config,
             self.ready,
             self.health,
@@ -478,6 +521,37 @@ impl Agent {
             self.resync,
             shutdown,
         )
-        .await
+        .await;
+        if let Some(cidr) = cidr {
+            cidr.abort();
+        }
+        result
+    }
+
+    /// The CIDR checks of this configuration: the local cluster's client, and in the mesh
+    /// topology the other members'. `None` when no member is the local cluster (the
+    /// controller refuses that configuration).
+    fn cidr_task(&self) -> Option<cidr::CidrTask> {
+        let config = &self.config;
+        let (local_client, peers) = match &config.topology {
+            Topology::Mesh { members } => {
+                let local = members.iter().find(|m| m.id == config.local)?;
+                let peers = members
+                    .iter()
+                    .filter(|m| m.id != config.local)
+                    .map(|m| (m.id.clone(), m.client.clone()))
+                    .collect();
+                (local.client.clone(), peers)
+            }
+            Topology::Hub(hub) => (hub.local.clone(), Vec::new()),
+        };
+        Some(cidr::CidrTask {
+            local: config.local.clone(),
+            local_client,
+            peers,
+            interval: config.cidr_interval,
+            refresh: config.metrics_refresh,
+            controller: config.field_manager.clone(),
+        })
     }
 }

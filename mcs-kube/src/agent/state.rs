@@ -380,6 +380,8 @@ impl State {
     pub(crate) fn not_ready_reason(
         &self,
         forbidden: &BTreeMap<ServiceRef, String>,
+        now: Instant,
+        started: Instant,
     ) -> Option<String> {
         let local = &self.settings.local;
         let own = self.members.get(local);
@@ -396,19 +398,21 @@ impl State {
         let waiting = if self.synced() {
             Vec::new()
         } else {
-            self.waiting()
+            self.waiting(now)
         };
         health::not_ready_reason(&NotReady {
             forbidden_writes: (!forbidden.is_empty()).then_some(forbidden),
             forbidden_watches,
             cluster: local.as_str(),
             waiting,
+            unsynced_for: now.saturating_duration_since(started),
             hub_errors: self.hub.down().then_some(&self.hub.errors),
         })
     }
 
-    /// The first lists still awaited, described.
-    fn waiting(&self) -> Vec<String> {
+    /// The first lists still awaited, described: which member, which kind, the last error
+    /// and since when its watches fail.
+    fn waiting(&self, now: Instant) -> Vec<String> {
         let local = &self.settings.local;
         let l = &self.local;
         let mut waiting = Vec::new();
@@ -420,10 +424,16 @@ impl State {
             if listed {
                 return;
             }
-            match m.and_then(|m| m.health.watch_errors.get(kind)) {
+            let since = m
+                .and_then(|m| m.health.watch_failing_since)
+                .map(|t| health::for_human(now.saturating_duration_since(t)));
+            match (m.and_then(|m| m.health.watch_errors.get(kind)), since) {
                 // Refused: said elsewhere.
-                Some((_, true)) | None => waiting.push(format!("{kind} in {where_}")),
-                Some((error, _)) => waiting.push(format!("{kind} in {where_} ({error})")),
+                (Some((_, true)) | None, _) => waiting.push(format!("{kind} in {where_}")),
+                (Some((error, _)), Some(since)) => {
+                    waiting.push(format!("{kind} in {where_} ({error}, failing for {since})"))
+                }
+                (Some((error, _)), None) => waiting.push(format!("{kind} in {where_} ({error})")),
             }
         };
         let own = self.members.get(local);
@@ -527,6 +537,16 @@ impl State {
             .values()
             .filter(|m| m.health.failing_since(now, hub_down).is_none())
             .count()
+    }
+
+    /// Every member present now and whether it is reachable at `now` (the local cluster
+    /// included).
+    pub(crate) fn member_reachability(&self, now: Instant) -> BTreeMap<ClusterId, bool> {
+        let hub_down = self.hub.down();
+        self.members
+            .iter()
+            .map(|(id, m)| (id.clone(), m.health.failing_since(now, hub_down).is_none()))
+            .collect()
     }
 
     /// Every service the agent knows of.

@@ -12,7 +12,7 @@
 //!
 //! Every response to a request with an OPT record carries one.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use hickory_server::net::runtime::Time;
@@ -22,47 +22,73 @@ use hickory_server::proto::rr::{DNSClass, Name, RData, Record, RecordType};
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
 use hickory_server::zone_handler::MessageResponseBuilder;
 use mcs_core::dns::{self, Answer, QueryType, Rcode, ZoneData};
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::registry::Registry;
 
-/// Counters of the DNS server: responses by response code.
-#[derive(Clone, Debug, Default)]
-pub struct DnsMetrics {
-    responses: Family<RcodeLabel, Counter>,
+/// The codes the handler answers with; each has its counter registered up front.
+const CODES: [ResponseCode; 7] = [
+    ResponseCode::NoError,
+    ResponseCode::FormErr,
+    ResponseCode::ServFail,
+    ResponseCode::NXDomain,
+    ResponseCode::NotImp,
+    ResponseCode::Refused,
+    ResponseCode::BADVERS,
+];
+
+/// Counters of the DNS server: responses by response code, recorded as
+/// [`DNS_RESPONSES`](crate::metrics::DNS_RESPONSES)`{rcode}` through the `metrics` facade
+/// (registered with the recorder installed when the server is bound), and counted here
+/// for [`DnsMetrics::responses`]. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct DnsMetrics(Arc<[RcodeCounter]>);
+
+#[derive(Debug)]
+struct RcodeCounter {
+    code: ResponseCode,
+    label: String,
+    count: AtomicU64,
+    counter: metrics::Counter,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RcodeLabel {
-    rcode: String,
+impl Default for DnsMetrics {
+    fn default() -> Self {
+        Self(
+            CODES
+                .iter()
+                .map(|code| {
+                    let label = format!("{code:?}");
+                    RcodeCounter {
+                        code: *code,
+                        counter: metrics::counter!(crate::metrics::DNS_RESPONSES, "rcode" => label.clone()),
+                        label,
+                        count: AtomicU64::new(0),
+                    }
+                })
+                .collect(),
+        )
+    }
 }
 
 impl DnsMetrics {
-    /// Registers the counters as `mcs_dns_responses_total{rcode}`.
-    pub fn register(&self, registry: &mut Registry) {
-        registry.register(
-            "mcs_dns_responses",
-            "DNS responses sent, by response code",
-            self.responses.clone(),
-        );
-    }
-
     /// Responses sent so far with `rcode` (e.g. `NXDomain`).
     pub fn responses(&self, rcode: &str) -> u64 {
-        self.responses
-            .get_or_create(&RcodeLabel {
-                rcode: rcode.to_owned(),
-            })
-            .get()
+        self.0
+            .iter()
+            .find(|c| c.label == rcode)
+            .map_or(0, |c| c.count.load(Ordering::Relaxed))
     }
 
     fn count(&self, code: ResponseCode) {
-        self.responses
-            .get_or_create(&RcodeLabel {
-                rcode: format!("{code:?}"),
-            })
-            .inc();
+        // A linear scan of seven entries: cheaper than hashing the label.
+        match self.0.iter().find(|c| c.code == code) {
+            Some(c) => {
+                c.count.fetch_add(1, Ordering::Relaxed);
+                c.counter.increment(1);
+            }
+            None => {
+                metrics::counter!(crate::metrics::DNS_RESPONSES, "rcode" => format!("{code:?}"))
+                    .increment(1);
+            }
+        }
     }
 }
 
