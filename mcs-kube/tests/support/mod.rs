@@ -22,6 +22,8 @@
 //! - `process`: child processes, scratch directories, ports and logs;
 //! - `pki`: each cluster's CA and certificates; `kubeconfig`: its admin kubeconfig;
 //! - [`objects`]: namespaces, the fake Node, ready Pods, tokens and the CRDs;
+//! - [`kwok`]: real Pods from Deployments and StatefulSets ([`ClusterOptions::pods`]:
+//!   kube-scheduler and kwok), scaling, readiness, deletion, watch-based waits;
 //! - [`manifests`]: `deploy/` manifests read and applied as shipped;
 //! - [`wait`]: polling with a deadline ([`wait_for`]); [`requests`]: what one client asked
 //!   ([`recorded`]); [`http`]: plain HTTP through hyper; [`dns`]: a DNS resolver for tests.
@@ -35,6 +37,7 @@ pub mod cluster;
 pub mod dns;
 pub mod http;
 mod kubeconfig;
+pub mod kwok;
 pub mod manifests;
 pub mod objects;
 mod pki;
@@ -45,5 +48,5 @@ pub mod wait;
 // Every user of the harness takes what it needs, so each leaves some of these unused.
 #[allow(unused_imports)]
 pub use self::{
-    bins::*, cluster::*, dns::*, http::*, manifests::*, objects::*, requests::*, wait::*,
+    bins::*, cluster::*, dns::*, http::*, kwok::*, manifests::*, objects::*, requests::*, wait::*,
 };
