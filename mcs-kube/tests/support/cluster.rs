@@ -18,7 +18,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::bins::{bin_dir, kwok_bin};
 use super::http::http_get;
 use super::kubeconfig;
-use super::kwok::{self, KCM_WORKLOAD_CONTROLLERS, pod_cidr_for};
+use super::kwok::{self, KCM_WORKLOAD_CONTROLLERS, dual_stack_pod_cidr_for, pod_cidr_for};
 use super::objects::load_crds;
 use super::pki::{self, Pki};
 use super::process::{self, free_ports, reap, scratch_dir, tail};
@@ -30,6 +30,10 @@ pub const KCM_CONTROLLERS: &str = "endpointslice-controller,endpointslice-mirror
 /// Service CIDR of a test cluster unless [`ClusterOptions::service_cidr`] says otherwise
 /// (ClusterIPs are allocated from it).
 pub const SERVICE_CIDR: &str = "10.0.0.0/24";
+
+/// The service CIDR of [`ClusterOptions::with_dual_stack`]: [`SERVICE_CIDR`] and an IPv6
+/// range.
+pub const DUAL_STACK_SERVICE_CIDR: &str = "10.0.0.0/24,fd00:10:96::/112";
 
 const READY_TIMEOUT: Duration = Duration::from_secs(180);
 const CRD_TIMEOUT: Duration = Duration::from_secs(60);
@@ -62,6 +66,10 @@ pub struct ClusterOptions {
     /// CIDR, and their Services get EndpointSlices. Needs
     /// [`ClusterOptions::controller_manager`]. See `support/kwok.rs` for the helpers.
     pub pods: bool,
+    /// IPv6 as well as IPv4 (set by [`ClusterOptions::with_dual_stack`]): with
+    /// [`ClusterOptions::pods`] and no [`ClusterOptions::pod_cidr`], the `i`-th cluster
+    /// gets [`dual_stack_pod_cidr_for`]`(i)`, so its Pods have an address of each family.
+    pub dual_stack: bool,
 }
 
 impl ClusterOptions {
@@ -71,6 +79,16 @@ impl ClusterOptions {
     pub fn with_pods(mut self) -> Self {
         self.pods = true;
         self.controller_manager = true;
+        self
+    }
+
+    /// These options dual-stack: the service CIDR [`DUAL_STACK_SERVICE_CIDR`] (so
+    /// `PreferDualStack` and `RequireDualStack` Services get a ClusterIP of each family)
+    /// and, with [`ClusterOptions::pods`], dual-stack pod CIDRs.
+    #[must_use]
+    pub fn with_dual_stack(mut self) -> Self {
+        self.service_cidr = DUAL_STACK_SERVICE_CIDR.to_owned();
+        self.dual_stack = true;
         self
     }
 }
@@ -83,6 +101,7 @@ impl Default for ClusterOptions {
             service_cidr: SERVICE_CIDR.to_string(),
             pod_cidr: None,
             pods: false,
+            dual_stack: false,
         }
     }
 }
@@ -140,7 +159,11 @@ pub async fn start_clusters_with(names: &[&str], opts: ClusterOptions) -> Vec<Te
         let p = if i == 0 { permit.take() } else { None };
         let mut opts = opts.clone();
         if opts.pods && opts.pod_cidr.is_none() {
-            opts.pod_cidr = Some(pod_cidr_for(i));
+            opts.pod_cidr = Some(if opts.dual_stack {
+                dual_stack_pod_cidr_for(i)
+            } else {
+                pod_cidr_for(i)
+            });
         }
         TestCluster::launch(name, bins.clone(), crds.clone(), opts, p)
     });

@@ -32,6 +32,18 @@ pub async fn dns_query(
     name: &str,
     qtype: hickory_resolver::proto::rr::RecordType,
 ) -> hickory_resolver::proto::op::Message {
+    dns_query_within(server, name, qtype, std::time::Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|| panic!("no answer from {server} to {name} {qtype}"))
+}
+
+/// [`dns_query`], giving up after `timeout` (`None`: no answer in time).
+pub async fn dns_query_within(
+    server: std::net::SocketAddr,
+    name: &str,
+    qtype: hickory_resolver::proto::rr::RecordType,
+    timeout: std::time::Duration,
+) -> Option<hickory_resolver::proto::op::Message> {
     use hickory_resolver::proto::op::{Edns, Message, MessageType, OpCode, Query};
     use hickory_resolver::proto::rr::Name;
     let id: u16 = rand_id();
@@ -51,17 +63,19 @@ pub async fn dns_query(
         .await
         .unwrap_or_else(|e| panic!("send to {server}: {e}"));
     let mut buf = vec![0u8; 65535];
-    loop {
-        let (n, _) =
-            tokio::time::timeout(std::time::Duration::from_secs(10), sock.recv_from(&mut buf))
+    let receive = async {
+        loop {
+            let (n, _) = sock
+                .recv_from(&mut buf)
                 .await
-                .unwrap_or_else(|_| panic!("no answer from {server} to {name} {qtype}"))
                 .unwrap_or_else(|e| panic!("receive from {server}: {e}"));
-        if n >= 2 && buf[..2] == id.to_be_bytes() {
-            return Message::from_vec(&buf[..n])
-                .unwrap_or_else(|e| panic!("answer from {server} to {name} {qtype}: {e}"));
+            if n >= 2 && buf[..2] == id.to_be_bytes() {
+                return Message::from_vec(&buf[..n])
+                    .unwrap_or_else(|e| panic!("answer from {server} to {name} {qtype}: {e}"));
+            }
         }
-    }
+    };
+    tokio::time::timeout(timeout, receive).await.ok()
 }
 
 /// A query id that differs between calls.

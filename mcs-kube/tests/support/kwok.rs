@@ -73,6 +73,14 @@ pub fn pod_cidr_for(index: usize) -> String {
     format!("10.{}.0.0/16", 10 + index)
 }
 
+/// [`pod_cidr_for`] with an IPv6 range as well, `fd00:10:<10 + index>::/56` (each Node gets
+/// a /64 of it), for [`ClusterOptions::with_dual_stack`].
+///
+/// [`ClusterOptions::with_dual_stack`]: super::ClusterOptions::with_dual_stack
+pub fn dual_stack_pod_cidr_for(index: usize) -> String {
+    format!("{},fd00:10:{}::/56", pod_cidr_for(index), 10 + index)
+}
+
 /// kube-scheduler's command line: no leader election, no serving port.
 pub(super) fn scheduler_args(cluster: &TestCluster) -> Vec<String> {
     vec![

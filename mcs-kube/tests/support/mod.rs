@@ -26,7 +26,8 @@
 //!   kube-scheduler and kwok), scaling, readiness, deletion, watch-based waits;
 //! - [`manifests`]: `deploy/` manifests read and applied as shipped;
 //! - [`wait`]: polling with a deadline ([`wait_for`]); [`requests`]: what one client asked
-//!   ([`recorded`]); [`http`]: plain HTTP through hyper; [`dns`]: a DNS resolver for tests.
+//!   ([`recorded`]); [`http`]: plain HTTP through hyper; [`dns`]: DNS clients for tests;
+//! - [`coredns`]: CoreDNS started with a Corefile the test writes ([`CoreDns`]).
 //!
 //! Users include this file by path (`#[path = ".../support/mod.rs"] mod support;`) and
 //! use everything as `support::...`.
@@ -34,6 +35,7 @@
 
 mod bins;
 pub mod cluster;
+pub mod coredns;
 pub mod dns;
 pub mod http;
 mod kubeconfig;
@@ -48,5 +50,6 @@ pub mod wait;
 // Every user of the harness takes what it needs, so each leaves some of these unused.
 #[allow(unused_imports)]
 pub use self::{
-    bins::*, cluster::*, dns::*, http::*, kwok::*, manifests::*, objects::*, requests::*, wait::*,
+    bins::*, cluster::*, coredns::*, dns::*, http::*, kwok::*, manifests::*, objects::*,
+    requests::*, wait::*,
 };
