@@ -11,8 +11,10 @@
 # $MCS_K8S_CACHE/kwok-v<V>-coredns-v<V>/bin, which holds:
 #   kwok               sigs.k8s.io/kwok/cmd/kwok
 #   coredns            github.com/coredns/coredns, built from a generated wrapper module
-#                      (src/coredns/main.go) with only the plugins ready, health,
-#                      prometheus, errors, log, cache, kubernetes and forward
+#                      (src/coredns/main.go) with only the plugins reload, ready,
+#                      health, prometheus, errors, log, loadbalance, cache, kubernetes,
+#                      loop and forward (those of deploy/dns/coredns-forward.yaml and
+#                      the tests' Corefiles); a binary that lacks one is rebuilt
 #   kwok-stages.yaml   kwok's Stage objects from its module zip (kustomize/stage/...):
 #                      node-initialize, node-heartbeat-with-lease, pod-ready,
 #                      pod-complete, pod-delete. Standalone kwok refuses to start
@@ -50,10 +52,11 @@ STAGES=(
 # CoreDNS plugins in execution order: the order of the same names in CoreDNS's
 # plugin.cfg (checked against the module below). Corefile directives that are not listed
 # here are rejected at startup.
-PLUGINS=(ready health prometheus errors log cache kubernetes forward)
+PLUGINS=(reload ready health prometheus errors log loadbalance cache kubernetes loop forward)
 declare -A PLUGIN_PKG=(
-	[ready]=ready [health]=health [prometheus]=metrics [errors]=errors [log]=log
-	[cache]=cache [kubernetes]=kubernetes [forward]=forward
+	[reload]=reload [ready]=ready [health]=health [prometheus]=metrics [errors]=errors
+	[log]=log [loadbalance]=loadbalance [cache]=cache [kubernetes]=kubernetes [loop]=loop
+	[forward]=forward
 )
 
 log() { echo "kwok-coredns-bins: $*"; }
@@ -63,10 +66,19 @@ W="$CACHE/kwok-v$KWOK_V-coredns-v$COREDNS_V"
 BIN="$W/bin"
 
 # VERSIONS is written last, after the smoke checks: without it the run is redone (what
-# is already built is kept).
+# is already built is kept). It names CoreDNS's plugins, so a changed list rebuilds it.
 have_all() {
 	[ -x "$BIN/kwok" ] && [ -x "$BIN/coredns" ] && [ -s "$BIN/kwok-stages.yaml" ] &&
-		[ -f "$W/VERSIONS" ]
+		grep -Fqx "coredns v$COREDNS_V (plugins: ${PLUGINS[*]})" "$W/VERSIONS" 2>/dev/null
+}
+
+# Whether the CoreDNS binary registers every plugin of PLUGINS.
+coredns_complete() {
+	local plugins p
+	plugins=$("$BIN/coredns" -plugins 2>/dev/null | tr -d ' \t') || return 1
+	for p in "${PLUGINS[@]}"; do
+		grep -Fxq "$p" <<<"$plugins" || return 1
+	done
 }
 
 # Fast path: everything is already built.
@@ -138,7 +150,7 @@ fi
 
 # 2. CoreDNS: a generated wrapper module, because the upstream main package imports every
 #    plugin (and with them cloud SDKs) and the plugin list is compiled in.
-if [ -x "$BIN/coredns" ]; then
+if [ -x "$BIN/coredns" ] && coredns_complete; then
 	log "coredns already built"
 else
 	t0=$(date +%s)

@@ -508,21 +508,21 @@ async fn conformance_15_conflicting_headlessness_headless_first(topo: Topo) {
 async fn conformance_16_endpointslices_with_mcs_labels_everywhere_and_deleted_on_unexport(
     topo: Topo,
 ) {
-    let set = ClusterSet::start_in(topo, &["east", "west", "north"], true).await;
+    let set = ClusterSet::start_with_pods_in(topo, &["east", "west", "north"]).await;
     set.namespace(NS).await;
-    // Real slices: KCM's endpointslice controller publishes the ready Pods of the Service.
-    for (i, ip) in [(0, "192.0.2.10"), (1, "192.0.2.20")] {
-        support::ensure_fake_node(set.client(i)).await;
-        support::create_ready_pod(
-            set.client(i),
-            NS,
-            "hello-0",
-            &[("app", "hello")],
-            ip,
-            &[("tcp", 42), ("udp", 42)],
-        )
-        .await;
+    // Real slices: a Deployment's Pods run by kwok, published by KCM's endpointslice
+    // controller.
+    let mut pod_ips = Vec::new();
+    for i in [0, 1] {
+        let ports = [("tcp", 42, "TCP"), ("udp", 42, "UDP")];
+        support::create(set.client(i), NS, &support::deployment("hello", 1, &ports)).await;
         create_service(set.client(i), NS, &hello_service("hello")).await;
+        let pods = support::wait_ready_pods(set.client(i), NS, "app=hello", 1).await;
+        pod_ips.extend(
+            support::pod_ips(&pods[0])
+                .into_iter()
+                .map(|ip| ip.to_string()),
+        );
     }
     export(set.client(0), NS, "hello", None).await;
     wait_import(set.client(0), NS, "hello", "import", |_| true).await;
@@ -561,8 +561,8 @@ async fn conformance_16_endpointslices_with_mcs_labels_everywhere_and_deleted_on
             .flat_map(|s| s.endpoints.iter().flat_map(|e| e.addresses.clone()))
             .collect();
         assert!(
-            addrs.contains(&"192.0.2.10".to_string()) && addrs.contains(&"192.0.2.20".to_string()),
-            "{addrs:?}"
+            pod_ips.iter().all(|ip| addrs.contains(ip)),
+            "{addrs:?}, want {pod_ips:?}"
         );
         wait_import(
             set.client(i),

@@ -1,20 +1,24 @@
-//! DNS conformance cases 22, 23 and 25-27 end to end: Pods in two clusters, EndpointSlices
-//! from kube-controller-manager, the agents' imports and slices in a third cluster, and
-//! that cluster's `mcs-dns`, queried with `dig`.
+//! DNS cases 22, 23 and 25-27 end to end on real Pods: StatefulSets run by kwok in two
+//! clusters, their EndpointSlices from kube-controller-manager, the agents' imports and
+//! slices in a third cluster, and that cluster's `mcs-dns`, queried with `dig`. Then
+//! readiness changes and scaling while the headless name is asked all along: no
+//! answer may fail or come back empty while a ready endpoint exists.
 
 mod clusterset;
 mod support;
 
 use std::net::SocketAddr;
 use std::process::Command;
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use clusterset::*;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, PostParams};
+use hickory_resolver::proto::op::ResponseCode;
+use hickory_resolver::proto::rr::RecordType;
 use mcs_kube::dns::{DnsConfig, DnsServer};
 
 const NS: &str = "mcs-dns";
+const WEB: &str = "web.mcs-dns.svc.clusterset.local.";
 
 fn dig(server: SocketAddr, args: &[&str]) -> Vec<String> {
     let out = Command::new("dig")
@@ -40,46 +44,72 @@ fn dig(server: SocketAddr, args: &[&str]) -> Vec<String> {
     lines
 }
 
-/// A ready Pod with a hostname in the headless service's subdomain (as a StatefulSet makes).
-async fn stateful_pod(client: &kube::Client, name: &str, ip: &str) {
-    support::ensure_fake_node(client).await;
-    let pod: Pod = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": { "name": name, "namespace": NS, "labels": { "app": "web" } },
-        "spec": {
-            "nodeName": support::FAKE_NODE,
-            "hostname": name,
-            "subdomain": "web",
-            "containers": [{ "name": "app", "image": "registry.invalid/web:0", "ports": [{ "name": "tcp", "containerPort": 42 }] }]
+/// The IPs of the Running, Ready Pods of StatefulSet `web` once there are `n`, as text,
+/// sorted like `dig +short` output.
+async fn web_ips(client: &kube::Client, n: usize) -> Vec<String> {
+    let pods = support::wait_ready_pods(client, NS, "app=web", n).await;
+    let mut ips: Vec<String> = pods
+        .iter()
+        .flat_map(support::pod_ips)
+        .map(|ip| ip.to_string())
+        .collect();
+    ips.sort();
+    ips
+}
+
+fn sorted(mut v: Vec<String>) -> Vec<String> {
+    v.sort();
+    v
+}
+
+/// Asks `server` for the A records of the headless service every 2 ms (a steady load that
+/// leaves the 2 cores to the clusters) until `stop`, and returns how many questions it
+/// asked and every answer that was not NOERROR with at least one address.
+fn ask_all_along(
+    server: SocketAddr,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<(usize, Vec<String>)> {
+    tokio::spawn(async move {
+        let (mut asked, mut bad) = (0, Vec::new());
+        let mut pace = tokio::time::interval(std::time::Duration::from_millis(2));
+        pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        while !stop.load(Ordering::Relaxed) {
+            pace.tick().await;
+            let m = support::dns_query(server, WEB, RecordType::A).await;
+            asked += 1;
+            let addrs = support::answer_addresses(&m);
+            if m.metadata.response_code != ResponseCode::NoError || addrs.is_empty() {
+                bad.push(format!("{:?} {addrs:?}", m.metadata.response_code));
+            }
         }
-    }))
-    .unwrap();
-    Api::<Pod>::namespaced(client.clone(), NS)
-        .create(&PostParams::default(), &pod)
-        .await
-        .unwrap();
-    support::set_pod_status(client, NS, name, Some(ip), true).await;
+        (asked, bad)
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dns_answers_what_the_agents_imported() {
-    let set = ClusterSet::start(&["east", "west", "north"], true).await;
+    let set = ClusterSet::start_with_pods(&["east", "west", "north"]).await;
     set.namespace(NS).await;
-    stateful_pod(set.client(0), "web-0", "192.0.2.10").await;
-    stateful_pod(set.client(1), "web-0", "192.0.2.20").await;
+    let ports = [("tcp", 42, "TCP")];
     for i in [0, 1] {
-        let mut web = headless(hello_service("web"));
-        web.spec
-            .as_mut()
-            .unwrap()
-            .ports
-            .as_mut()
-            .unwrap()
-            .truncate(1);
-        create_service(set.client(i), NS, &web).await;
+        // A StatefulSet behind a headless Service: the Pods get hostnames, kwok gives them
+        // IPs from each cluster's own pod CIDR.
+        support::create(
+            set.client(i),
+            NS,
+            &support::service("web", "web", &ports, true),
+        )
+        .await;
+        support::create(
+            set.client(i),
+            NS,
+            &support::statefulset("web", "web", 1, &ports),
+        )
+        .await;
         export(set.client(i), NS, "web", None).await;
     }
+    let east_ip = web_ips(set.client(0), 1).await;
+    let west_ip = web_ips(set.client(1), 1).await;
     create_service(set.client(0), NS, &hello_service("hello")).await;
     export(set.client(0), NS, "hello", None).await;
 
@@ -98,7 +128,7 @@ async fn dns_answers_what_the_agents_imported() {
     })
     .await;
     let ips = si.spec.ips.unwrap();
-    let a = support::wait_for("A record", Duration::from_secs(20), || async {
+    let a = support::wait_for("A record", IMPORT_TIMEOUT, || async {
         let a = dig(addr, &["hello.mcs-dns.svc.clusterset.local", "A"]);
         (a == ips).then_some(a)
     })
@@ -113,19 +143,19 @@ async fn dns_answers_what_the_agents_imported() {
     );
 
     // Case 25: headless A lists the ready Pods of both clusters.
+    let both = sorted([east_ip.clone(), west_ip.clone()].concat());
     support::wait_for("headless A from both clusters", SLICE_TIMEOUT, || async {
-        (dig(addr, &["web.mcs-dns.svc.clusterset.local", "A"]) == ["192.0.2.10", "192.0.2.20"])
-            .then_some(())
+        (dig(addr, &["web.mcs-dns.svc.clusterset.local", "A"]) == both).then_some(())
     })
     .await;
-    // Case 26: the per-endpoint name carries the source cluster.
+    // Case 26: the per-endpoint name (the Pod's hostname) carries the source cluster.
     assert_eq!(
         dig(addr, &["web-0.east.web.mcs-dns.svc.clusterset.local", "A"]),
-        ["192.0.2.10"]
+        east_ip
     );
     assert_eq!(
         dig(addr, &["web-0.west.web.mcs-dns.svc.clusterset.local", "A"]),
-        ["192.0.2.20"]
+        west_ip
     );
     // Case 27: one SRV per ready endpoint, targets prefixed by hostname and cluster.
     let srv = dig(addr, &["web.mcs-dns.svc.clusterset.local", "SRV"]);
@@ -138,12 +168,61 @@ async fn dns_answers_what_the_agents_imported() {
         ]
     );
 
-    // A Pod turning unready in west disappears from north's DNS.
-    support::set_pod_status(set.client(1), NS, "web-0", Some("192.0.2.20"), false).await;
+    // From here on the headless name is asked all along: east's web-0 stays ready
+    // throughout, so every answer must have addresses.
+    let done = Arc::new(AtomicBool::new(false));
+    let load = ask_all_along(addr, Arc::clone(&done));
+
+    // West's Pod turns unready (its readiness probe fails): it leaves north's DNS ...
+    support::set_pod_ready(set.client(1), NS, "web-0", false).await;
     support::wait_for("unready endpoint gone from DNS", SLICE_TIMEOUT, || async {
-        (dig(addr, &["web.mcs-dns.svc.clusterset.local", "A"]) == ["192.0.2.10"]).then_some(())
+        (dig(addr, &["web.mcs-dns.svc.clusterset.local", "A"]) == east_ip).then_some(())
     })
     .await;
+    // ... and comes back when it is ready again.
+    support::set_pod_ready(set.client(1), NS, "web-0", true).await;
+    support::wait_for("ready endpoint back in DNS", SLICE_TIMEOUT, || async {
+        (dig(addr, &["web.mcs-dns.svc.clusterset.local", "A"]) == both).then_some(())
+    })
+    .await;
+
+    // East scales up to 3: web-1 and web-2 appear, each with its per-endpoint name.
+    support::scale_statefulset(set.client(0), NS, "web", 3).await;
+    let east3 = web_ips(set.client(0), 3).await;
+    let all = sorted([east3.clone(), west_ip.clone()].concat());
+    support::wait_for("3 + 1 endpoints in DNS", SLICE_TIMEOUT, || async {
+        (dig(addr, &["web.mcs-dns.svc.clusterset.local", "A"]) == all).then_some(())
+    })
+    .await;
+    let per_pod: Vec<String> = ["web-0", "web-1", "web-2"]
+        .iter()
+        .flat_map(|h| {
+            dig(
+                addr,
+                &[&format!("{h}.east.web.mcs-dns.svc.clusterset.local"), "A"],
+            )
+        })
+        .collect();
+    assert_eq!(sorted(per_pod), east3);
+    // Down to 1 again: the names of web-1 and web-2 go.
+    support::scale_statefulset(set.client(0), NS, "web", 1).await;
+    web_ips(set.client(0), 1).await;
+    support::wait_for("1 + 1 endpoints in DNS", SLICE_TIMEOUT, || async {
+        (dig(addr, &["web.mcs-dns.svc.clusterset.local", "A"]) == both).then_some(())
+    })
+    .await;
+    assert!(dig(addr, &["web-2.east.web.mcs-dns.svc.clusterset.local", "A"]).is_empty());
+
+    done.store(true, Ordering::Relaxed);
+    let (asked, bad) = load.await.unwrap();
+    println!("{asked} questions during the readiness changes and scaling");
+    assert!(asked > 0);
+    assert!(
+        bad.is_empty(),
+        "{} of {asked} answers failed or were empty while an endpoint was ready: {:?}",
+        bad.len(),
+        &bad[..bad.len().min(10)]
+    );
     let _ = stop.send(());
     task.await.unwrap().unwrap();
 }

@@ -279,6 +279,7 @@ async fn a_cluster_gets_the_service_and_pod_cidrs_it_is_started_with() {
         install_crds: false,
         service_cidr: "10.120.0.0/16".into(),
         pod_cidr: Some("10.20.0.0/16".into()),
+        ..Default::default()
     };
     let cluster = start_cluster("cidrs", opts).await;
     let client = cluster.client().await;
@@ -338,4 +339,185 @@ async fn a_cluster_gets_the_service_and_pod_cidrs_it_is_started_with() {
         pod_cidr.starts_with("10.20.") && pod_cidr.ends_with("/24"),
         "podCIDR {pod_cidr} is not a /24 of 10.20.0.0/16"
     );
+}
+
+/// Whether `ip` lies in `cidr` (`a.b.c.d/n` or an IPv6 prefix).
+fn in_cidr(ip: std::net::IpAddr, cidr: &str) -> bool {
+    let (net, len) = cidr.split_once('/').expect("a CIDR");
+    let len: u32 = len.parse().expect("a prefix length");
+    match (
+        ip,
+        net.parse::<std::net::IpAddr>().expect("a network address"),
+    ) {
+        (std::net::IpAddr::V4(ip), std::net::IpAddr::V4(net)) => {
+            let mask = u32::MAX.checked_shl(32 - len).unwrap_or(0);
+            u32::from(ip) & mask == u32::from(net) & mask
+        }
+        (std::net::IpAddr::V6(ip), std::net::IpAddr::V6(net)) => {
+            let mask = u128::MAX.checked_shl(128 - len).unwrap_or(0);
+            u128::from(ip) & mask == u128::from(net) & mask
+        }
+        _ => false,
+    }
+}
+
+fn target_names(slices: &[EndpointSlice]) -> Vec<String> {
+    let mut names: Vec<String> = slices
+        .iter()
+        .flat_map(|s| &s.endpoints)
+        .filter_map(|e| e.target_ref.as_ref()?.name.clone())
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kwok_runs_deployments_and_statefulsets_as_ready_pods_with_endpoint_slices() {
+    use k8s_openapi::api::core::v1::Node;
+    use support::{KWOK_NODE, KWOK_NODE_ZONE};
+
+    let opts = ClusterOptions {
+        install_crds: false,
+        pod_cidr: Some("10.30.0.0/16".into()),
+        ..Default::default()
+    }
+    .with_pods();
+    let mut cluster = start_cluster("kwok", opts).await;
+    println!(
+        "cluster with pods ready in {:.1?}, of which scheduler + kwok + Node Ready: {:.1?}",
+        cluster.startup_time(),
+        cluster.pods_startup_time()
+    );
+    let client = cluster.client().await;
+    let ns = "app";
+    support::create_namespace(&client, ns).await;
+    let node = Api::<Node>::all(client.clone())
+        .get(KWOK_NODE)
+        .await
+        .unwrap();
+    let node_cidr = node.spec.unwrap().pod_cidr.unwrap();
+    assert!(
+        in_cidr(
+            node_cidr.split('/').next().unwrap().parse().unwrap(),
+            "10.30.0.0/16"
+        ),
+        "node podCIDR {node_cidr}"
+    );
+
+    // A Deployment of 3 becomes 3 Running, Ready Pods with distinct IPs from the Node's
+    // podCIDR, and the Service's EndpointSlice lists exactly them, ready.
+    let t0 = Instant::now();
+    let ports = [("http", 8080, "TCP")];
+    support::create(&client, ns, &support::deployment("web", 3, &ports)).await;
+    support::create(&client, ns, &support::service("web", "web", &ports, false)).await;
+    let pods = support::wait_ready_pods(&client, ns, "app=web", 3).await;
+    println!(
+        "Deployment of 3: Running and Ready after {:.1?}",
+        t0.elapsed()
+    );
+    let mut ips: Vec<String> = Vec::new();
+    for pod in &pods {
+        assert_eq!(
+            pod.spec.as_ref().unwrap().node_name.as_deref(),
+            Some(KWOK_NODE)
+        );
+        let pod_ips = support::pod_ips(pod);
+        assert_eq!(pod_ips.len(), 1, "{:?}", pod.status);
+        assert!(
+            in_cidr(pod_ips[0], &node_cidr),
+            "{} not in {node_cidr}",
+            pod_ips[0]
+        );
+        ips.push(pod_ips[0].to_string());
+    }
+    ips.sort();
+    ips.dedup();
+    assert_eq!(ips.len(), 3, "pod IPs are distinct: {ips:?}");
+    let slices = support::wait_service_slices(&client, ns, "web", "3 ready endpoints", |s| {
+        let eps = support::slice_endpoints(s);
+        (eps.len() == 3 && eps.iter().all(|e| e.1)).then(|| s.to_vec())
+    })
+    .await;
+    println!("... and in the EndpointSlice after {:.1?}", t0.elapsed());
+    let mut addrs: Vec<String> = support::slice_endpoints(&slices)
+        .into_iter()
+        .map(|e| e.0)
+        .collect();
+    addrs.sort();
+    assert_eq!(addrs, ips);
+    for ep in slices.iter().flat_map(|s| &s.endpoints) {
+        assert_eq!(ep.node_name.as_deref(), Some(KWOK_NODE));
+        assert_eq!(ep.zone.as_deref(), Some(KWOK_NODE_ZONE));
+    }
+    assert_eq!(slices[0].ports.as_ref().unwrap()[0].port, Some(8080));
+
+    // Readiness: a Pod reported unready stays in the slice, not ready; then ready again.
+    let first = pods[0].metadata.name.clone().unwrap();
+    let first_ip = support::pod_ips(&pods[0])[0].to_string();
+    support::set_pod_ready(&client, ns, &first, false).await;
+    support::wait_service_slices(&client, ns, "web", "the first Pod not ready", |s| {
+        let eps = support::slice_endpoints(s);
+        (eps.len() == 3 && eps.iter().all(|e| e.1 == (e.0 != first_ip))).then_some(())
+    })
+    .await;
+    support::set_pod_ready(&client, ns, &first, true).await;
+    support::wait_service_slices(&client, ns, "web", "every Pod ready again", |s| {
+        let eps = support::slice_endpoints(s);
+        (eps.len() == 3 && eps.iter().all(|e| e.1)).then_some(())
+    })
+    .await;
+
+    // A deleted Pod is removed by kwok and replaced by the ReplicaSet.
+    let second = pods[1].metadata.name.clone().unwrap();
+    support::delete_pod(&client, ns, &second).await;
+    let slices =
+        support::wait_service_slices(&client, ns, "web", "the deleted Pod replaced", |s| {
+            let names = target_names(s);
+            let eps = support::slice_endpoints(s);
+            (names.len() == 3 && !names.contains(&second) && eps.iter().all(|e| e.1))
+                .then_some(names)
+        })
+        .await;
+    assert!(slices.contains(&first));
+
+    // Scale down, then up.
+    support::scale_deployment(&client, ns, "web", 1).await;
+    support::wait_ready_pods(&client, ns, "app=web", 1).await;
+    support::wait_service_slices(&client, ns, "web", "1 endpoint", |s| {
+        (support::slice_endpoints(s).len() == 1).then_some(())
+    })
+    .await;
+    support::scale_deployment(&client, ns, "web", 4).await;
+    support::wait_ready_pods(&client, ns, "app=web", 4).await;
+    support::wait_service_slices(&client, ns, "web", "4 ready endpoints", |s| {
+        let eps = support::slice_endpoints(s);
+        (eps.len() == 4 && eps.iter().all(|e| e.1)).then_some(())
+    })
+    .await;
+
+    // A StatefulSet behind a headless Service: each endpoint carries its Pod's hostname.
+    let ports = [("tcp", 42, "TCP")];
+    support::create(&client, ns, &support::service("db", "db", &ports, true)).await;
+    support::create(&client, ns, &support::statefulset("db", "db", 2, &ports)).await;
+    let pods = support::wait_ready_pods(&client, ns, "app=db", 2).await;
+    let names: Vec<_> = pods
+        .iter()
+        .filter_map(|p| p.metadata.name.clone())
+        .collect();
+    assert_eq!(names, ["db-0", "db-1"]);
+    let eps =
+        support::wait_service_slices(&client, ns, "db", "db-0 and db-1 with hostnames", |s| {
+            let eps = support::slice_endpoints(s);
+            (eps.len() == 2 && eps.iter().all(|e| e.1 && e.2.is_some())).then_some(eps)
+        })
+        .await;
+    let mut hosts: Vec<_> = eps.iter().filter_map(|e| e.2.clone()).collect();
+    hosts.sort();
+    assert_eq!(hosts, ["db-0", "db-1"]);
+
+    cluster.assert_controller_manager_running();
+    cluster.assert_pods_running();
+    for (component, kib) in cluster.component_rss_kib() {
+        println!("RSS {component}: {} MiB", kib / 1024);
+    }
 }

@@ -1,6 +1,9 @@
 //! The Kubernetes resolver against a real API server: slices merged across clusters and
-//! pieces, per-port eligibility, readiness changes, and the service going away.
+//! pieces, per-port eligibility, readiness changes, and the service going away (hand-written
+//! imported slices, to control their exact shape); and on real Pods, a Deployment scaled
+//! up and down while a balancer picks from what the resolver delivers.
 
+mod clusterset;
 mod support;
 
 use std::collections::BTreeMap;
@@ -258,3 +261,134 @@ async fn resolves_merges_and_follows_readiness() {
         }
     }
 }
+
+/// The addresses of `pods` on `port`, sorted.
+fn pod_addrs(pods: &[k8s_openapi::api::core::v1::Pod], port: u16) -> Vec<String> {
+    let mut addrs: Vec<String> = pods
+        .iter()
+        .flat_map(support::pod_ips)
+        .map(|ip| std::net::SocketAddr::new(ip, port).to_string())
+        .collect();
+    addrs.sort();
+    addrs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follows_a_deployment_scaled_up_and_down_while_a_balancer_picks() {
+    use clusterset::{ClusterSet, export};
+    use mcs_core::discovery::EndpointTable;
+
+    let set = ClusterSet::start_with_pods(&["east", "west", "north"]).await;
+    set.namespace(NS).await;
+    let ports = [("grpc", 9443, "TCP")];
+    for (i, replicas) in [(0, 2), (1, 1)] {
+        let client = set.client(i);
+        support::create(
+            client,
+            NS,
+            &support::deployment("accrual", replicas, &ports),
+        )
+        .await;
+        support::create(
+            client,
+            NS,
+            &support::service("accrual", "accrual", &ports, false),
+        )
+        .await;
+        export(client, NS, "accrual", None).await;
+    }
+    let west = support::wait_ready_pods(set.client(1), NS, "app=accrual", 1).await;
+
+    // North's resolver feeds a table (what the caller sees) and a balancer that picks after
+    // every update; a pick with no endpoint while Pods were ready would be an outage.
+    let resolver = KubeResolver::new(set.client(2).clone());
+    let target = Target {
+        service: ServiceRef::new(NS, "accrual").unwrap(),
+        port: 9443,
+    };
+    let mut stream = resolver.resolve(&target);
+    let (seen_tx, mut seen) = tokio::sync::watch::channel(Vec::<String>::new());
+    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+    let consumer = tokio::spawn(async move {
+        let balancer = Balancer::new(
+            Locality::cluster(ClusterId::new("north").unwrap()),
+            BalancerConfig::default(),
+            Instant::now(),
+        );
+        let mut table = EndpointTable::new();
+        let (mut updates, mut picks, mut failures) = (0u64, 0u64, Vec::new());
+        loop {
+            let update = tokio::select! {
+                _ = &mut stopped => break,
+                u = stream.next() => u,
+            };
+            let update = match update {
+                Some(Ok(u)) => u,
+                Some(Err(e)) => {
+                    eprintln!("transient: {e}");
+                    continue;
+                }
+                None => panic!("resolution ended"),
+            };
+            updates += 1;
+            table.apply(update.clone());
+            balancer.apply(update);
+            let ready: Vec<String> = table
+                .endpoints()
+                .filter(|e| e.ready)
+                .map(|e| e.addr.to_string())
+                .collect();
+            if !ready.is_empty() || !seen_tx.borrow().is_empty() {
+                // Once the service had endpoints, every set has some (west keeps its Pod).
+                for r in 0..100u64 {
+                    picks += 1;
+                    match balancer.pick(PickContext::new(r, Instant::now())) {
+                        Ok(p) if ready.contains(&p.addr().to_string()) => {}
+                        Ok(p) => failures.push(format!("picked {} outside {ready:?}", p.addr())),
+                        Err(e) => failures.push(format!("no pick from {ready:?}: {e}")),
+                    }
+                }
+            }
+            seen_tx.send_replace(ready);
+        }
+        (updates, picks, failures)
+    });
+
+    let expect = |east: &[k8s_openapi::api::core::v1::Pod]| {
+        let mut all = [pod_addrs(east, 9443), pod_addrs(&west, 9443)].concat();
+        all.sort();
+        all
+    };
+    let mut wait_set = async |want: Vec<String>, what: &str| {
+        let ok = matches!(
+            tokio::time::timeout(SCALE_TIMEOUT, seen.wait_for(|s| *s == want)).await,
+            Ok(Ok(_))
+        );
+        assert!(
+            ok,
+            "{what}: the resolver delivered {:?}, want {want:?}",
+            *seen.borrow()
+        );
+    };
+    let east = support::wait_ready_pods(set.client(0), NS, "app=accrual", 2).await;
+    wait_set(expect(&east), "2 + 1 Pods").await;
+    support::scale_deployment(set.client(0), NS, "accrual", 5).await;
+    let east = support::wait_ready_pods(set.client(0), NS, "app=accrual", 5).await;
+    wait_set(expect(&east), "scaled up to 5 + 1").await;
+    support::scale_deployment(set.client(0), NS, "accrual", 1).await;
+    let east = support::wait_ready_pods(set.client(0), NS, "app=accrual", 1).await;
+    wait_set(expect(&east), "scaled down to 1 + 1").await;
+    support::scale_deployment(set.client(0), NS, "accrual", 0).await;
+    support::wait_ready_pods(set.client(0), NS, "app=accrual", 0).await;
+    wait_set(expect(&[]), "east scaled to 0").await;
+
+    let _ = stop.send(());
+    let (updates, picks, failures) = consumer.await.unwrap();
+    println!("{updates} updates, {picks} picks while scaling");
+    assert!(picks > 0);
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+/// How long the resolver may take to deliver a scaled Deployment's endpoints (agent
+/// export, import and slices, then the resolver's watch).
+const SCALE_TIMEOUT: Duration = Duration::from_secs(60);

@@ -131,19 +131,45 @@ impl ClusterSet {
         agents: bool,
         configure: fn(AgentConfig) -> AgentConfig,
     ) -> Self {
+        let opts = ClusterOptions {
+            controller_manager,
+            install_crds: true,
+            ..Default::default()
+        };
+        Self::start_options(topo, names, opts, grace, agents, configure).await
+    }
+
+    /// Starts `names.len()` clusters with real Pods ([`ClusterOptions::pods`]: kwok and
+    /// kube-scheduler; cluster `i` has pod CIDR `10.<10+i>.0.0/16`) and one agent per
+    /// cluster.
+    pub async fn start_with_pods(names: &[&str]) -> Self {
+        Self::start_with_pods_in(Topo::Mesh, names).await
+    }
+
+    /// [`ClusterSet::start_with_pods`] in topology `topo` (a hub is started the same way).
+    pub async fn start_with_pods_in(topo: Topo, names: &[&str]) -> Self {
+        let opts = ClusterOptions {
+            install_crds: true,
+            ..Default::default()
+        }
+        .with_pods();
+        Self::start_options(topo, names, opts, Duration::from_secs(60), true, |c| c).await
+    }
+
+    /// [`ClusterSet::start_topo`] with every cluster (the hub too) started with `opts`.
+    pub async fn start_options(
+        topo: Topo,
+        names: &[&str],
+        opts: ClusterOptions,
+        grace: Duration,
+        agents: bool,
+        configure: fn(AgentConfig) -> AgentConfig,
+    ) -> Self {
         let mut all: Vec<&str> = names.to_vec();
         if topo == Topo::Hub {
             all.push("hub");
         }
-        let mut clusters = support::start_clusters_with(
-            &all,
-            ClusterOptions {
-                controller_manager,
-                install_crds: true,
-                ..Default::default()
-            },
-        )
-        .await;
+        let mut clusters = support::start_clusters_with(&all, opts).await;
         let hub = match topo {
             Topo::Mesh => None,
             Topo::Hub => {

@@ -44,3 +44,43 @@ pub fn bin_dir() -> PathBuf {
     })
     .clone()
 }
+
+/// Version directory of `scripts/kwok-coredns-bins.sh` in the cache.
+pub const KWOK_COREDNS_DIR: &str = "kwok-v0.8.0-coredns-v1.15.0";
+
+/// A file built by `scripts/kwok-coredns-bins.sh`: `$<env>` if set, else `<file>` in that
+/// script's cache directory. Panics with instructions when it is missing.
+fn kwok_coredns_file(env: &str, file: &str) -> PathBuf {
+    let path = std::env::var_os(env).map(PathBuf::from).unwrap_or_else(|| {
+        let cache = std::env::var_os("MCS_K8S_CACHE")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/mcs-k8s")))
+            .unwrap_or_else(|| PathBuf::from("/root/.cache/mcs-k8s"));
+        cache.join(KWOK_COREDNS_DIR).join("bin").join(file)
+    });
+    assert!(
+        path.is_file(),
+        "{file} not found at {} (${env}). Build it once with `scripts/kwok-coredns-bins.sh` \
+         (a few minutes cold) from the workspace root, or run scripts/test.sh, which exports \
+         MCS_KWOK_BIN, MCS_KWOK_STAGES and MCS_COREDNS_BIN",
+        path.display()
+    );
+    path
+}
+
+/// The kwok binary: `$MCS_KWOK_BIN`, else `scripts/kwok-coredns-bins.sh`'s cache.
+pub fn kwok_bin() -> PathBuf {
+    kwok_coredns_file("MCS_KWOK_BIN", "kwok")
+}
+
+/// kwok's Stage objects (node-initialize, heartbeat, pod-ready, pod-complete, pod-delete):
+/// `$MCS_KWOK_STAGES`, else `scripts/kwok-coredns-bins.sh`'s cache.
+pub fn kwok_stages() -> PathBuf {
+    kwok_coredns_file("MCS_KWOK_STAGES", "kwok-stages.yaml")
+}
+
+/// The CoreDNS binary (with the `kubernetes` plugin's `multicluster` option):
+/// `$MCS_COREDNS_BIN`, else `scripts/kwok-coredns-bins.sh`'s cache.
+pub fn coredns_bin() -> PathBuf {
+    kwok_coredns_file("MCS_COREDNS_BIN", "coredns")
+}

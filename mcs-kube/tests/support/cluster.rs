@@ -15,9 +15,10 @@ use kube::{Client, Config};
 use tempfile::TempDir;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::bins::bin_dir;
+use super::bins::{bin_dir, kwok_bin};
 use super::http::http_get;
 use super::kubeconfig;
+use super::kwok::{self, KCM_WORKLOAD_CONTROLLERS, dual_stack_pod_cidr_for, pod_cidr_for};
 use super::objects::load_crds;
 use super::pki::{self, Pki};
 use super::process::{self, free_ports, reap, scratch_dir, tail};
@@ -29,6 +30,10 @@ pub const KCM_CONTROLLERS: &str = "endpointslice-controller,endpointslice-mirror
 /// Service CIDR of a test cluster unless [`ClusterOptions::service_cidr`] says otherwise
 /// (ClusterIPs are allocated from it).
 pub const SERVICE_CIDR: &str = "10.0.0.0/24";
+
+/// The service CIDR of [`ClusterOptions::with_dual_stack`]: [`SERVICE_CIDR`] and an IPv6
+/// range.
+pub const DUAL_STACK_SERVICE_CIDR: &str = "10.0.0.0/24,fd00:10:96::/112";
 
 const READY_TIMEOUT: Duration = Duration::from_secs(180);
 const CRD_TIMEOUT: Duration = Duration::from_secs(60);
@@ -49,8 +54,43 @@ pub struct ClusterOptions {
     /// The cluster's pod CIDR. With [`ClusterOptions::controller_manager`], the
     /// controller manager also runs its node IPAM controller, which gives every Node a
     /// `podCIDR` from this range (as `--allocate-node-cidrs --cluster-cidr` do in a real
-    /// cluster). `None`: no pod CIDR, Nodes get none.
+    /// cluster). `None`: no pod CIDR, Nodes get none (unless [`ClusterOptions::pods`]
+    /// is set: then [`start_clusters_with`] gives the `i`-th cluster [`pod_cidr_for`]`(i)`).
+    /// Both this and [`ClusterOptions::service_cidr`] may be dual-stack, `v4,v6`.
     pub pod_cidr: Option<String>,
+    /// Run real Pods without a kubelet: kube-scheduler, kwok (its Stage objects applied)
+    /// and one kwok-managed Node, [`kwok::KWOK_NODE`], Ready with a `podCIDR` from
+    /// [`ClusterOptions::pod_cidr`]; kube-controller-manager also runs the Deployment,
+    /// ReplicaSet and StatefulSet controllers ([`KCM_WORKLOAD_CONTROLLERS`]) and node IPAM.
+    /// Deployments and StatefulSets then become Running, Ready Pods with IPs from the pod
+    /// CIDR, and their Services get EndpointSlices. Needs
+    /// [`ClusterOptions::controller_manager`]. See `support/kwok.rs` for the helpers.
+    pub pods: bool,
+    /// IPv6 as well as IPv4 (set by [`ClusterOptions::with_dual_stack`]): with
+    /// [`ClusterOptions::pods`] and no [`ClusterOptions::pod_cidr`], the `i`-th cluster
+    /// gets [`dual_stack_pod_cidr_for`]`(i)`, so its Pods have an address of each family.
+    pub dual_stack: bool,
+}
+
+impl ClusterOptions {
+    /// These options with [`ClusterOptions::pods`] on (and the controller manager, which
+    /// it needs).
+    #[must_use]
+    pub fn with_pods(mut self) -> Self {
+        self.pods = true;
+        self.controller_manager = true;
+        self
+    }
+
+    /// These options dual-stack: the service CIDR [`DUAL_STACK_SERVICE_CIDR`] (so
+    /// `PreferDualStack` and `RequireDualStack` Services get a ClusterIP of each family)
+    /// and, with [`ClusterOptions::pods`], dual-stack pod CIDRs.
+    #[must_use]
+    pub fn with_dual_stack(mut self) -> Self {
+        self.service_cidr = DUAL_STACK_SERVICE_CIDR.to_owned();
+        self.dual_stack = true;
+        self
+    }
 }
 
 impl Default for ClusterOptions {
@@ -60,6 +100,8 @@ impl Default for ClusterOptions {
             install_crds: true,
             service_cidr: SERVICE_CIDR.to_string(),
             pod_cidr: None,
+            pods: false,
+            dual_stack: false,
         }
     }
 }
@@ -119,21 +161,34 @@ pub async fn start_clusters_with(names: &[&str], opts: ClusterOptions) -> Vec<Te
             .expect("cluster semaphore closed"),
     );
     let waited = t_wait.elapsed();
+    assert!(
+        !opts.pods || opts.controller_manager,
+        "ClusterOptions::pods needs ClusterOptions::controller_manager"
+    );
     let futs = names.iter().enumerate().map(|(i, name)| {
         // The first cluster carries the permit for the whole group.
         let p = if i == 0 { permit.take() } else { None };
-        TestCluster::launch(name, bins.clone(), crds.clone(), opts.clone(), p)
+        let mut opts = opts.clone();
+        if opts.pods && opts.pod_cidr.is_none() {
+            opts.pod_cidr = Some(if opts.dual_stack {
+                dual_stack_pod_cidr_for(i)
+            } else {
+                pod_cidr_for(i)
+            });
+        }
+        TestCluster::launch(name, bins.clone(), crds.clone(), opts, p)
     });
     let clusters = futures::future::join_all(futs).await;
     eprintln!(
         "[harness] started {} cluster(s) {:?} in {:.1?} (waited {:.1?} for a slot; {} CRD(s); \
-         controller-manager: {})",
+         controller-manager: {}; pods: {})",
         clusters.len(),
         names,
         t0.elapsed() - waited,
         waited,
         crds.len(),
-        opts.controller_manager
+        opts.controller_manager,
+        opts.pods,
     );
     clusters
 }
@@ -158,9 +213,12 @@ pub struct TestCluster {
     etcd: Option<Child>,
     apiserver: Option<Child>,
     controller_manager: Option<Child>,
+    scheduler: Option<Child>,
+    kwok: Option<Child>,
     kubeconfig: Kubeconfig,
     server_url: String,
     startup: Duration,
+    pods_startup: Duration,
     _permit: Option<OwnedSemaphorePermit>,
     /// Appended to the API server's command line (see
     /// [`TestCluster::restart_apiserver_with_args`]).
@@ -337,6 +395,55 @@ impl TestCluster {
         tail(&self.path.join(format!("{component}.log")), lines)
     }
 
+    /// Wall time of [`ClusterOptions::pods`]'s part of the start: kube-scheduler and kwok
+    /// started, the Node registered, Ready and given its podCIDR (zero without pods).
+    pub fn pods_startup_time(&self) -> Duration {
+        self.pods_startup
+    }
+
+    /// Resident memory (KiB, `VmRSS`) of each running component, by component name
+    /// (`etcd`, `kube-apiserver`, `kube-controller-manager`, `kube-scheduler`, `kwok`).
+    pub fn component_rss_kib(&self) -> Vec<(&'static str, u64)> {
+        let rss = |c: &Option<Child>| {
+            let pid = c.as_ref()?.id();
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        };
+        [
+            ("etcd", &self.etcd),
+            ("kube-apiserver", &self.apiserver),
+            ("kube-controller-manager", &self.controller_manager),
+            ("kube-scheduler", &self.scheduler),
+            ("kwok", &self.kwok),
+        ]
+        .into_iter()
+        .filter_map(|(name, c)| Some((name, rss(c)?)))
+        .collect()
+    }
+
+    /// Panic (with their logs) if kube-scheduler or kwok has exited.
+    pub fn assert_pods_running(&mut self) {
+        for name in ["kube-scheduler", "kwok"] {
+            let child = if name == "kwok" {
+                &mut self.kwok
+            } else {
+                &mut self.scheduler
+            };
+            if let Some(c) = child.as_mut()
+                && let Ok(Some(status)) = c.try_wait()
+            {
+                panic!(
+                    "cluster {}: {name} exited ({status}):\n{}",
+                    self.name,
+                    self.log_tail(name, 40)
+                );
+            }
+        }
+    }
+
     /// Panic (with its log) if the controller-manager has exited.
     pub fn assert_controller_manager_running(&mut self) {
         if let Some(c) = self.controller_manager.as_mut()
@@ -374,9 +481,12 @@ impl TestCluster {
             etcd: None,
             apiserver: None,
             controller_manager: None,
+            scheduler: None,
+            kwok: None,
             kubeconfig: Kubeconfig::default(),
             server_url: String::new(),
             startup: Duration::ZERO,
+            pods_startup: Duration::ZERO,
             _permit: permit,
             extra_apiserver_args: Vec::new(),
         };
@@ -406,6 +516,15 @@ impl TestCluster {
         }
         if cluster.opts.controller_manager {
             cluster.spawn_controller_manager();
+        }
+        if cluster.opts.pods {
+            let t_pods = Instant::now();
+            cluster.scheduler =
+                Some(cluster.spawn("kube-scheduler", &kwok::scheduler_args(&cluster)));
+            let kwok_args = kwok::kwok_args(&cluster);
+            cluster.kwok = Some(cluster.spawn_exe(&kwok_bin(), "kwok", &kwok_args));
+            kwok::add_node(&mut cluster).await;
+            cluster.pods_startup = t_pods.elapsed();
         }
         cluster.startup = t0.elapsed();
         cluster
@@ -463,6 +582,10 @@ impl TestCluster {
 
     fn spawn_controller_manager(&mut self) {
         let mut controllers = KCM_CONTROLLERS.to_string();
+        if self.opts.pods {
+            controllers.push(',');
+            controllers.push_str(KCM_WORKLOAD_CONTROLLERS);
+        }
         let mut ipam = Vec::new();
         if let Some(pods) = &self.opts.pod_cidr {
             controllers.push_str(",node-ipam-controller");
@@ -487,9 +610,13 @@ impl TestCluster {
     }
 
     fn spawn(&self, bin: &str, args: &[String]) -> Child {
-        let exe = self.bins.join(bin);
-        let log = self.path.join(format!("{bin}.log"));
-        process::spawn(&exe, args, &self.path, &log).unwrap_or_else(|e| {
+        self.spawn_exe(&self.bins.join(bin), bin, args)
+    }
+
+    /// Starts `exe`, logging to `<component>.log` in the cluster's directory.
+    fn spawn_exe(&self, exe: &Path, component: &str, args: &[String]) -> Child {
+        let log = self.path.join(format!("{component}.log"));
+        process::spawn(exe, args, &self.path, &log).unwrap_or_else(|e| {
             panic!("cluster {}: cannot start {}: {e}", self.name, exe.display())
         })
     }
@@ -578,6 +705,8 @@ impl TestCluster {
 
     fn kill_all(&mut self) {
         for c in [
+            self.kwok.take(),
+            self.scheduler.take(),
             self.controller_manager.take(),
             self.apiserver.take(),
             self.etcd.take(),

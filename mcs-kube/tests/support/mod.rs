@@ -22,9 +22,12 @@
 //! - `process`: child processes, scratch directories, ports and logs;
 //! - `pki`: each cluster's CA and certificates; `kubeconfig`: its admin kubeconfig;
 //! - [`objects`]: namespaces, the fake Node, ready Pods, tokens and the CRDs;
+//! - [`kwok`]: real Pods from Deployments and StatefulSets ([`ClusterOptions::pods`]:
+//!   kube-scheduler and kwok), scaling, readiness, deletion, watch-based waits;
 //! - [`manifests`]: `deploy/` manifests read and applied as shipped;
 //! - [`wait`]: polling with a deadline ([`wait_for`]); [`requests`]: what one client asked
-//!   ([`recorded`]); [`http`]: plain HTTP through hyper; [`dns`]: a DNS resolver for tests.
+//!   ([`recorded`]); [`http`]: plain HTTP through hyper; [`dns`]: DNS clients for tests;
+//! - [`coredns`]: CoreDNS started with a Corefile the test writes ([`CoreDns`]).
 //!
 //! Users include this file by path (`#[path = ".../support/mod.rs"] mod support;`) and
 //! use everything as `support::...`.
@@ -32,9 +35,11 @@
 
 mod bins;
 pub mod cluster;
+pub mod coredns;
 pub mod dns;
 pub mod http;
 mod kubeconfig;
+pub mod kwok;
 pub mod manifests;
 pub mod objects;
 mod pki;
@@ -47,5 +52,6 @@ pub mod wait;
 pub use self::kubeconfig::write as write_kubeconfig;
 #[allow(unused_imports)]
 pub use self::{
-    bins::*, cluster::*, dns::*, http::*, manifests::*, objects::*, requests::*, wait::*,
+    bins::*, cluster::*, coredns::*, dns::*, http::*, kwok::*, manifests::*, objects::*,
+    requests::*, wait::*,
 };
