@@ -1,0 +1,471 @@
+//! Packets, not objects: three clusters (`east`, `west`, `north`) whose nodes and pods are
+//! network namespaces of a lab (`support/netlab.rs`), kube-proxy in nftables mode on every
+//! node, real listeners in the pods, the agents and `mcs-dns` in-process. A client in a
+//! `north` pod resolves ClusterSet names through `mcs-dns` and connects through the rules
+//! north's kube-proxy wrote for the agent's derived Service (the ClusterSetIP).
+//!
+//! One test function runs the cases in sequence on one lab (starting it is most of the
+//! time). Needs root, iproute2 and nftables; see `docs/testing.md`.
+
+mod clusterset;
+mod support;
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use clusterset::*;
+use hickory_resolver::proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
+use hickory_resolver::proto::rr::{Name, RData, RecordType};
+use k8s_openapi::api::core::v1::Service;
+use kube::Client;
+use kube::api::Api;
+use mcs_kube::dns::{DnsConfig, DnsServer};
+use support::netlab::{self, Lab, LabPod};
+
+/// Per-request budget (connect, send, answer): a safety net, not a measurement.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a route may take to appear (agent, then kube-proxy's next sync).
+const ROUTE_TIMEOUT: Duration = Duration::from_secs(60);
+
+const EAST: usize = 0;
+const WEST: usize = 1;
+const NORTH: usize = 2;
+
+#[test]
+fn dataplane() {
+    let mut lab = Lab::enter();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    rt.block_on(run(&mut lab));
+    drop(rt);
+    drop(lab);
+}
+
+/// Everything the cases share.
+struct World {
+    set: ClusterSet,
+    /// Where pods reach north's `mcs-dns` (the lab's address towards north's node).
+    dns: SocketAddr,
+    /// The `north` pod the requests come from.
+    client: LabPod,
+}
+
+async fn run(lab: &mut Lab) {
+    let set = ClusterSet::start_with_pods(&["east", "west", "north"]).await;
+    for c in &set.clusters {
+        lab.add_node(c);
+    }
+    // north's mcs-dns, listening in the lab: pods reach it through their node.
+    let server = DnsServer::bind(DnsConfig::default().listen("0.0.0.0:0".parse().unwrap()))
+        .await
+        .expect("bind mcs-dns");
+    let dns = SocketAddr::new(
+        IpAddr::V4(netlab::lab_address(NORTH)),
+        server.local_addr().port(),
+    );
+    tokio::spawn(server.run(set.client(NORTH).clone(), std::future::pending()));
+
+    // The client pod, in north.
+    support::create_namespace(set.client(NORTH), "client").await;
+    support::create(
+        set.client(NORTH),
+        "client",
+        &support::deployment("client", 1, &[]),
+    )
+    .await;
+    let pod = support::wait_ready_pods(set.client(NORTH), "client", "app=client", 1)
+        .await
+        .remove(0);
+    let client = plumb(lab, NORTH, &pod, &[]);
+    let world = World { set, dns, client };
+
+    case_clusterset_ip_through_dns(lab, &world).await;
+    lab.assert_running();
+    case_conformance_connectivity(lab, &world).await;
+    lab.assert_running();
+}
+
+/// Gives a Pod its namespace in the lab and starts its listeners on `ports`.
+fn plumb(
+    lab: &mut Lab,
+    node: usize,
+    pod: &k8s_openapi::api::core::v1::Pod,
+    ports: &[u16],
+) -> LabPod {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let ip = support::pod_ips(pod)[0];
+    let pod = lab.plumb_pod(node, &name, ip);
+    for port in ports {
+        netlab::serve_pod(&pod, *port);
+    }
+    pod
+}
+
+/// Starts `replicas` Pods `app` in cluster `i`'s namespace `ns` and plumbs them, each
+/// listening on `ports`. Returns the `(cluster, pod IP)` answers they give.
+async fn server_pods(
+    lab: &mut Lab,
+    client: &Client,
+    i: usize,
+    ns: &str,
+    app: &str,
+    replicas: i32,
+    ports: &[u16],
+) -> Vec<String> {
+    support::create(client, ns, &support::deployment(app, replicas, &[])).await;
+    let pods = support::wait_ready_pods(client, ns, &format!("app={app}"), replicas as usize).await;
+    pods.iter()
+        .map(|p| {
+            let pod = plumb(lab, i, p, ports);
+            format!("{} {}", pod.cluster, pod.ip)
+        })
+        .collect()
+}
+
+/// Service ports: `(name, port, targetPort)`.
+type Ports<'a> = &'a [(&'a str, i32, i32)];
+
+/// A ClusterIP Service `name` selecting `app: <app>`, ports `(name, port, targetPort)`.
+fn service(name: &str, app: &str, ports: &[(&str, i32, i32)]) -> Service {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": { "name": name },
+        "spec": {
+            "selector": { "app": app },
+            "ports": ports.iter().map(|(n, p, t)| serde_json::json!({
+                "name": n, "port": p, "targetPort": t, "protocol": "TCP"
+            })).collect::<Vec<_>>(),
+        },
+    }))
+    .expect("a Service")
+}
+
+/// The A records of `name` from `server`, asked over UDP from the calling thread's
+/// namespace: `Ok(addresses)` for NOERROR (possibly empty), `Err(rcode)` otherwise.
+fn dns_a(server: SocketAddr, name: &str) -> Result<Vec<Ipv4Addr>, String> {
+    let id = std::process::id() as u16 ^ (name.len() as u16);
+    let mut m = Message::new(id, MessageType::Query, OpCode::Query);
+    m.metadata.recursion_desired = true;
+    m.add_query(Query::query(Name::from_ascii(name).unwrap(), RecordType::A));
+    let mut edns = Edns::new();
+    edns.set_max_payload(1232);
+    m.set_edns(edns);
+    let sock = std::net::UdpSocket::bind("0.0.0.0:0").map_err(|e| e.to_string())?;
+    sock.set_read_timeout(Some(REQUEST_TIMEOUT)).unwrap();
+    sock.send_to(&m.to_vec().unwrap(), server)
+        .map_err(|e| format!("send to {server}: {e}"))?;
+    let mut buf = vec![0u8; 4096];
+    let (n, _) = sock
+        .recv_from(&mut buf)
+        .map_err(|e| format!("no answer from {server} for {name}: {e}"))?;
+    let answer = Message::from_vec(&buf[..n]).map_err(|e| e.to_string())?;
+    if answer.metadata.response_code != ResponseCode::NoError {
+        return Err(format!("{name}: {:?}", answer.metadata.response_code));
+    }
+    Ok(answer
+        .answers
+        .iter()
+        .filter_map(|r| match &r.data {
+            RData::A(a) => Some(a.0),
+            _ => None,
+        })
+        .collect())
+}
+
+/// From the client pod: resolve `name` through mcs-dns, then `n` requests, each on a new
+/// connection, to `<address>:<port>`. Returns every answer (or error), in order.
+async fn from_client(
+    world: &World,
+    name: &str,
+    port: u16,
+    n: usize,
+) -> Result<Vec<String>, String> {
+    let (ns, dns, name) = (world.client.netns.clone(), world.dns, name.to_owned());
+    tokio::task::spawn_blocking(move || {
+        netlab::in_netns(&ns, move || {
+            let ips = dns_a(dns, &name)?;
+            let ip = *ips.first().ok_or_else(|| format!("{name}: no A record"))?;
+            let addr = SocketAddr::new(IpAddr::V4(ip), port);
+            Ok((0..n)
+                .map(|_| netlab::http_get_once(addr, REQUEST_TIMEOUT).unwrap_or_else(|e| e))
+                .collect())
+        })
+    })
+    .await
+    .expect("the client thread")
+}
+
+/// Waits until a request from the client pod through `name:port` gets an answer from one
+/// of `expected` (kube-proxy has programmed the route), then sends `n` more and returns
+/// their answers.
+async fn answers_once_routed(
+    world: &World,
+    lab: &Lab,
+    name: &str,
+    port: u16,
+    expected: &BTreeSet<String>,
+    n: usize,
+) -> Vec<String> {
+    let mut last: String;
+    let deadline = std::time::Instant::now() + ROUTE_TIMEOUT;
+    loop {
+        match from_client(world, name, port, 1).await {
+            Ok(a) if expected.contains(&a[0]) => break,
+            Ok(a) => last = a[0].clone(),
+            Err(e) => last = e,
+        }
+        lab.assert_running();
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{name}:{port} not routed to any of {expected:?} after {ROUTE_TIMEOUT:?} (last: \
+             {last}).\nnorth's kube-proxy:\n{}\nnorth's nftables:\n{}",
+            lab.kube_proxy_log(NORTH, 30),
+            lab.nft_ruleset(NORTH)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    from_client(world, name, port, n)
+        .await
+        .unwrap_or_else(|e| panic!("{name}:{port}: {e}"))
+}
+
+/// Waits until north's agent has written everything it knows (a forced resync, completed)
+/// and north's kube-proxy has synced its rules after that.
+async fn settled(world: &World, lab: &Lab) {
+    world.set.resync(NORTH).await;
+    lab.wait_kube_proxy_synced(NORTH, std::time::SystemTime::now())
+        .await;
+}
+
+/// Issue 26, first case: `loyalty-accrual.loyalty.svc.clusterset.local` resolves (mcs-dns)
+/// to north's ClusterSetIP, and connections to it reach the Pods of east and west through
+/// north's kube-proxy.
+async fn case_clusterset_ip_through_dns(lab: &mut Lab, world: &World) {
+    const NS: &str = "loyalty";
+    const NAME: &str = "loyalty-accrual.loyalty.svc.clusterset.local.";
+    let set = &world.set;
+    set.namespace(NS).await;
+    let mut pods = BTreeSet::new();
+    for i in [EAST, WEST] {
+        create_service(
+            set.client(i),
+            NS,
+            &service("loyalty-accrual", "loyalty-accrual", &[("tcp", 42, 42)]),
+        )
+        .await;
+        pods.extend(server_pods(lab, set.client(i), i, NS, "loyalty-accrual", 2, &[42]).await);
+        export(set.client(i), NS, "loyalty-accrual", None).await;
+    }
+    let si = wait_import(
+        set.client(NORTH),
+        NS,
+        "loyalty-accrual",
+        "import with ips",
+        |si| si.spec.ips.as_ref().is_some_and(|ips| !ips.is_empty()),
+    )
+    .await;
+    // The derived Service kube-proxy programs holds that ClusterSetIP.
+    let derived = si
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("multicluster.kubernetes.io/derived-service"))
+        .expect("the import names its derived Service")
+        .clone();
+    let svc = Api::<Service>::namespaced(set.client(NORTH).clone(), NS)
+        .get(&derived)
+        .await
+        .unwrap_or_else(|e| panic!("derived Service {derived}: {e}"));
+    let vip = svc.spec.and_then(|s| s.cluster_ip).unwrap_or_default();
+    assert_eq!(si.spec.ips.as_deref(), Some(&[vip.clone()][..]));
+    // Through DNS, from the client pod, to the Pods of both clusters, once north's
+    // kube-proxy holds what north's agent wrote.
+    settled(world, lab).await;
+    let answers = answers_once_routed(world, lab, NAME, 42, &pods, 40).await;
+    let seen: BTreeSet<String> = answers.iter().cloned().collect();
+    assert!(
+        seen.is_subset(&pods),
+        "answers {seen:?} not all from the exported Pods {pods:?}"
+    );
+    let clusters: BTreeSet<&str> = seen.iter().filter_map(|a| a.split(' ').next()).collect();
+    assert_eq!(
+        clusters,
+        BTreeSet::from(["east", "west"]),
+        "40 connections to {vip}:42 reached {seen:?}"
+    );
+    println!(
+        "case 1: {NAME} -> {vip}: 40 connections reached {} pods in {clusters:?}",
+        seen.len()
+    );
+}
+
+/// Creates namespace `ns` everywhere, and in each of `(cluster, ports, listen)`: Service
+/// `hello` with `ports` (name, port, targetPort) over one Pod listening on `listen`. Returns
+/// each cluster's Pod answer, in the order given.
+async fn hello_in(
+    lab: &mut Lab,
+    world: &World,
+    ns: &str,
+    clusters: &[(usize, Ports<'_>)],
+) -> Vec<String> {
+    world.set.namespace(ns).await;
+    let mut answers = Vec::new();
+    for (i, ports) in clusters {
+        let client = world.set.client(*i);
+        create_service(client, ns, &service("hello", "hello", ports)).await;
+        // Every Pod listens on both test ports, so a connection sent to the wrong cluster
+        // is answered (and caught) rather than refused.
+        answers.extend(server_pods(lab, client, *i, ns, "hello", 1, &[42, 4242]).await);
+    }
+    answers
+}
+
+/// Asserts that all `answers` came from `only`.
+fn assert_only(what: &str, answers: &[String], only: &str) {
+    let wrong: Vec<&String> = answers.iter().filter(|a| *a != only).collect();
+    assert!(
+        wrong.is_empty(),
+        "{what}: {} of {} answers not from {only}: {wrong:?}",
+        wrong.len(),
+        answers.len()
+    );
+}
+
+/// The conformance connectivity cases (SPEC section 6, 17 and 19-21), from north's pod
+/// through mcs-dns and north's kube-proxy.
+async fn case_conformance_connectivity(lab: &mut Lab, world: &World) {
+    let set = &world.set;
+    let hello = |ns: &str| format!("hello.{ns}.svc.clusterset.local.");
+    let tcp42: Ports<'_> = &[("tcp", 42, 42)];
+
+    // 19: a Service in two clusters, exported from east only: only east's Pod answers.
+    let ns = "conn-one";
+    let pods = hello_in(lab, world, ns, &[(EAST, tcp42), (WEST, tcp42)]).await;
+    export(set.client(EAST), ns, "hello", None).await;
+    wait_import(set.client(NORTH), ns, "hello", "east's import", |_| true).await;
+    settled(world, lab).await;
+    let answers = answers_once_routed(
+        world,
+        lab,
+        &hello(ns),
+        42,
+        &BTreeSet::from([pods[0].clone()]),
+        10,
+    )
+    .await;
+    assert_only("exported from east only", &answers, &pods[0]);
+    println!(
+        "case 19: 10 of 10 connections reached east's pod ({})",
+        pods[0]
+    );
+
+    // 20: same port name, different numbers (west's `tcp` is 4242 -> 42); east exported
+    // first, so its port 42 wins and port 42 goes to east only.
+    let ns = "conn-port-number";
+    let pods = hello_in(
+        lab,
+        world,
+        ns,
+        &[(EAST, tcp42), (WEST, &[("tcp", 4242, 42)])],
+    )
+    .await;
+    export(set.client(EAST), ns, "hello", None).await;
+    wait_import(set.client(NORTH), ns, "hello", "east's import", |_| true).await;
+    conformance_pause().await;
+    export(set.client(WEST), ns, "hello", None).await;
+    wait_export_condition(set.client(WEST), ns, "hello", "Conflict", "True", None).await;
+    wait_import(set.client(NORTH), ns, "hello", "import from both", |si| {
+        clusters_of(si).len() == 2
+    })
+    .await;
+    settled(world, lab).await;
+    let answers = answers_once_routed(
+        world,
+        lab,
+        &hello(ns),
+        42,
+        &BTreeSet::from([pods[0].clone()]),
+        10,
+    )
+    .await;
+    assert_only("port tcp/42 (east's number wins)", &answers, &pods[0]);
+    println!("case 20: 10 of 10 connections to port 42 reached east's pod");
+
+    // 21: different port names (east `tcp` 42, west `tcp2` 4242): each port reaches only
+    // the cluster that exposes it.
+    let ns = "conn-port-name";
+    let pods = hello_in(
+        lab,
+        world,
+        ns,
+        &[(EAST, tcp42), (WEST, &[("tcp2", 4242, 4242)])],
+    )
+    .await;
+    export(set.client(EAST), ns, "hello", None).await;
+    wait_import(set.client(NORTH), ns, "hello", "east's import", |_| true).await;
+    conformance_pause().await;
+    export(set.client(WEST), ns, "hello", None).await;
+    wait_import(
+        set.client(NORTH),
+        ns,
+        "hello",
+        "import with both ports",
+        |si| si.spec.ports.len() == 2,
+    )
+    .await;
+    let east = BTreeSet::from([pods[0].clone()]);
+    let west = BTreeSet::from([pods[1].clone()]);
+    let answers = answers_once_routed(world, lab, &hello(ns), 42, &east, 10).await;
+    assert_only("port tcp/42", &answers, &pods[0]);
+    let answers = answers_once_routed(world, lab, &hello(ns), 4242, &west, 10).await;
+    assert_only("port tcp2/4242", &answers, &pods[1]);
+    println!("case 21: port 42 -> east's pod only, port 4242 -> west's pod only (10 each)");
+
+    // 17: a Service that is not exported: its ClusterSet name never answers (20 attempts).
+    let ns = "conn-none";
+    hello_in(lab, world, ns, &[(EAST, tcp42), (WEST, tcp42)]).await;
+    let attempts = from_client_attempts(world, &hello(ns), 42, 20).await;
+    let answered: Vec<&String> = attempts.iter().filter_map(|a| a.as_ref().ok()).collect();
+    assert!(
+        answered.is_empty(),
+        "a Service nobody exported answered through its ClusterSet name: {answered:?}"
+    );
+    // Not because the client cannot reach mcs-dns: mcs-dns said the name does not exist.
+    for a in &attempts {
+        let e = a.as_ref().unwrap_err();
+        assert!(
+            e.contains("NXDomain"),
+            "expected NXDOMAIN from mcs-dns: {e}"
+        );
+    }
+    println!("case 17: 20 of 20 attempts to an unexported service got no answer");
+}
+
+/// `n` attempts from the client pod, each resolving `name` and connecting to `port`: each
+/// attempt's answer, or why there was none.
+async fn from_client_attempts(
+    world: &World,
+    name: &str,
+    port: u16,
+    n: usize,
+) -> Vec<Result<String, String>> {
+    let (ns, dns, name) = (world.client.netns.clone(), world.dns, name.to_owned());
+    tokio::task::spawn_blocking(move || {
+        netlab::in_netns(&ns, move || {
+            (0..n)
+                .map(|_| {
+                    let ips = dns_a(dns, &name)?;
+                    let ip = *ips.first().ok_or_else(|| format!("{name}: no A record"))?;
+                    netlab::http_get_once(SocketAddr::new(IpAddr::V4(ip), port), REQUEST_TIMEOUT)
+                })
+                .collect()
+        })
+    })
+    .await
+    .expect("the client thread")
+}
