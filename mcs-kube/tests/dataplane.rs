@@ -14,14 +14,23 @@ use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
+use bytes::Bytes;
 use clusterset::*;
 use hickory_resolver::proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_resolver::proto::rr::{Name, RData, RecordType};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Client;
 use kube::api::Api;
+use mcs_client::{Http, McsLayer, Served};
+use mcs_core::discovery::{Resolution, Resolve, Target};
+use mcs_core::endpoints::Locality;
 use mcs_kube::dns::{DnsConfig, DnsServer};
+use mcs_kube::resolver::KubeResolver;
 use support::netlab::{self, Lab, LabPod};
+use tower::{Layer, ServiceExt};
 
 /// Per-request budget (connect, send, answer): a safety net, not a measurement.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
@@ -86,6 +95,8 @@ async fn run(lab: &mut Lab) {
     case_clusterset_ip_through_dns(lab, &world).await;
     lab.assert_running();
     case_conformance_connectivity(lab, &world).await;
+    lab.assert_running();
+    case_client_layer(lab, &world).await;
     lab.assert_running();
 }
 
@@ -468,4 +479,236 @@ async fn from_client_attempts(
     })
     .await
     .expect("the client thread")
+}
+
+/// North's [`KubeResolver`], run on the lab's runtime (its watches reach the API server in
+/// the lab) while the client layer that consumes it runs in a pod's namespace.
+struct LabResolver {
+    lab: tokio::runtime::Handle,
+    inner: KubeResolver,
+}
+
+impl Resolve for LabResolver {
+    fn resolve(&self, target: &Target) -> Resolution {
+        let _lab = self.lab.enter();
+        self.inner.resolve(target)
+    }
+}
+
+/// What one request through the client layer gave: the endpoint it was served by
+/// (`<cluster> <ip>`, from the layer's [`Served`]) and the answer body, or the error.
+type Outcome = Result<(String, String), String>;
+
+/// The `mcs-client` layer ([`McsLayer`] over [`Http`], north's locality, north's imports
+/// through [`LabResolver`]) running on a thread in the client pod's namespace, so it dials
+/// pod IPs from there. Each command is "send `n` requests to `url`".
+struct PodClient {
+    commands:
+        tokio::sync::mpsc::Sender<(String, usize, tokio::sync::oneshot::Sender<Vec<Outcome>>)>,
+}
+
+impl PodClient {
+    fn start(world: &World) -> PodClient {
+        let resolver = LabResolver {
+            lab: tokio::runtime::Handle::current(),
+            inner: KubeResolver::new(world.set.client(NORTH).clone()),
+        };
+        let north = world.set.ids[NORTH].clone();
+        let (commands, mut rx) = tokio::sync::mpsc::channel::<(
+            String,
+            usize,
+            tokio::sync::oneshot::Sender<Vec<Outcome>>,
+        )>(1);
+        let ns = world.client.netns.clone();
+        tokio::spawn(netlab::run_in_netns(&ns, move || async move {
+            let builder = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+                .pool_timer(TokioTimer::new())
+                .pool_idle_timeout(Duration::from_secs(30))
+                .clone();
+            let svc = McsLayer::builder(resolver, Locality::cluster(north))
+                .request_timeout(REQUEST_TIMEOUT)
+                .build()
+                .layer(Http::new(builder));
+            while let Some((url, n, reply)) = rx.recv().await {
+                let mut out = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let req = http::Request::get(url.as_str())
+                        .body(Empty::<Bytes>::new())
+                        .expect("a request");
+                    let one = async {
+                        let resp = svc.clone().oneshot(req).await.map_err(|e| e.to_string())?;
+                        let served = resp
+                            .extensions()
+                            .get::<Served>()
+                            .map(|s| format!("{} {}", s.cluster(), s.addr().ip()))
+                            .ok_or("no Served extension")?;
+                        let body = resp
+                            .into_body()
+                            .collect()
+                            .await
+                            .map_err(|e| e.to_string())?
+                            .to_bytes();
+                        Ok((served, String::from_utf8_lossy(&body).into_owned()))
+                    };
+                    out.push(one.await);
+                }
+                let _ = reply.send(out);
+            }
+        }));
+        PodClient { commands }
+    }
+
+    async fn requests(&self, url: &str, n: usize) -> Vec<Outcome> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.commands
+            .send((url.to_owned(), n, tx))
+            .await
+            .expect("the pod client runs");
+        rx.await.expect("the pod client answers")
+    }
+}
+
+/// Issue 26, third case: the `mcs-client` layer inside north's client pod balances across
+/// the Pods of east and west by their pod IPs (no VIP, no loopback), and fails over to west
+/// when east's Pods go away.
+async fn case_client_layer(lab: &mut Lab, world: &World) {
+    const NS: &str = "lb";
+    let url = "http://api.lb.svc.clusterset.local:42/";
+    let set = &world.set;
+    set.namespace(NS).await;
+    let mut pods = BTreeSet::new();
+    let mut east_pods = Vec::new();
+    for i in [EAST, WEST] {
+        create_service(
+            set.client(i),
+            NS,
+            &service("api", "api", &[("tcp", 42, 42)]),
+        )
+        .await;
+        let answers = server_pods(lab, set.client(i), i, NS, "api", 2, &[42]).await;
+        if i == EAST {
+            east_pods = answers.clone();
+        }
+        pods.extend(answers);
+        export(set.client(i), NS, "api", None).await;
+    }
+    wait_import(set.client(NORTH), NS, "api", "import from both", |si| {
+        clusters_of(si).len() == 2
+    })
+    .await;
+    // North's imported slices hold all four Pods, ready.
+    let want: BTreeSet<String> = pods
+        .iter()
+        .map(|a| a.split(' ').nth(1).unwrap().to_owned())
+        .collect();
+    wait_mcs_endpoints(
+        set.client(NORTH),
+        NS,
+        "api",
+        "all four Pods ready",
+        |ready| *ready == want,
+    )
+    .await;
+
+    let client = PodClient::start(world);
+    let outcomes = client.requests(url, 40).await;
+    let mut seen = BTreeSet::new();
+    for o in &outcomes {
+        let (served, body) = o
+            .as_ref()
+            .unwrap_or_else(|e| panic!("through the layer: {e}"));
+        // The answer comes from the very Pod IP the layer picked: no NAT on the way.
+        assert_eq!(
+            served, body,
+            "the layer's endpoint and the Pod that answered"
+        );
+        assert!(
+            pods.contains(body),
+            "{body} is not an exported Pod of {pods:?}"
+        );
+        seen.insert(body.clone());
+    }
+    let clusters: BTreeSet<&str> = seen.iter().filter_map(|a| a.split(' ').next()).collect();
+    assert_eq!(
+        clusters,
+        BTreeSet::from(["east", "west"]),
+        "40 requests through the layer reached {seen:?}"
+    );
+    println!(
+        "case 3: 40 requests through mcs-client from north's pod reached {} pods: {seen:?}",
+        seen.len()
+    );
+
+    // East's Pods go away: the Deployment scales to 0, and their namespaces are removed
+    // (a node tearing down the sandboxes), so nothing answers at their IPs any more.
+    support::scale_deployment(set.client(EAST), NS, "api", 0).await;
+    support::wait_ready_pods(set.client(EAST), NS, "app=api", 0).await;
+    for a in &east_pods {
+        lab.remove_pod(a.split(' ').nth(1).unwrap().parse().unwrap());
+    }
+    let west: BTreeSet<String> = pods
+        .iter()
+        .filter(|a| a.starts_with("west "))
+        .cloned()
+        .collect();
+    let west_ips: BTreeSet<String> = west
+        .iter()
+        .map(|a| a.split(' ').nth(1).unwrap().to_owned())
+        .collect();
+    wait_mcs_endpoints(set.client(NORTH), NS, "api", "only west's Pods", |ready| {
+        *ready == west_ips
+    })
+    .await;
+    // Once north's imports say so, every request goes to west, and succeeds.
+    let mut failed_during = 0;
+    let mut outcomes;
+    let mut rounds = 0;
+    loop {
+        outcomes = client.requests(url, 20).await;
+        rounds += 1;
+        if outcomes
+            .iter()
+            .all(|o| o.as_ref().is_ok_and(|(_, b)| west.contains(b)))
+        {
+            break;
+        }
+        failed_during += outcomes.iter().filter(|o| o.is_err()).count();
+        assert!(
+            rounds < 10,
+            "the layer still does not send only to west after {rounds} rounds: {outcomes:?}"
+        );
+    }
+    println!(
+        "case 3: after east's pods went away, 20 of 20 requests reached west (failed while \
+         converging: {failed_during}, rounds: {rounds})"
+    );
+}
+
+/// Waits (on a watch) until the ready addresses of the MCS EndpointSlices of `ns/name` in a
+/// cluster satisfy `pred`.
+async fn wait_mcs_endpoints(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    what: &str,
+    pred: impl Fn(&BTreeSet<String>) -> bool,
+) {
+    let api: Api<EndpointSlice> = Api::namespaced(client.clone(), ns);
+    support::wait_watched(
+        api,
+        kube::runtime::watcher::Config::default()
+            .labels(&format!("multicluster.kubernetes.io/service-name={name}")),
+        &format!("imported endpoints of {ns}/{name}: {what}"),
+        ROUTE_TIMEOUT,
+        |slices| {
+            let slices: Vec<EndpointSlice> = slices.iter().map(|s| (**s).clone()).collect();
+            let ready: BTreeSet<String> = support::slice_endpoints(&slices)
+                .into_iter()
+                .filter(|(_, ready, _)| *ready)
+                .map(|(a, _, _)| a)
+                .collect();
+            pred(&ready).then_some(())
+        },
+    )
+    .await;
 }

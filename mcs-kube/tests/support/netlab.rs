@@ -133,8 +133,8 @@ pub fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'sta
 
 /// Runs the future `f` makes on a current-thread runtime of its own, on a new thread inside
 /// the named namespace (every socket it opens is in that namespace), and returns its
-/// output. A panic inside is re-raised here.
-pub async fn run_in_netns<T, F, Fut>(ns: &str, f: F) -> T
+/// output. The thread starts at once; a panic inside is re-raised by the returned future.
+pub fn run_in_netns<T, F, Fut>(ns: &str, f: F) -> impl Future<Output = T> + Send + 'static
 where
     T: Send + 'static,
     F: FnOnce() -> Fut + Send + 'static,
@@ -150,9 +150,11 @@ where
             .expect("a runtime for the namespace thread");
         let _ = tx.send(rt.block_on(f()));
     });
-    match rx.await {
-        Ok(v) => v,
-        Err(_) => std::panic::resume_unwind(thread.join().expect_err("the thread panicked")),
+    async move {
+        match rx.await {
+            Ok(v) => v,
+            Err(_) => std::panic::resume_unwind(thread.join().expect_err("the thread panicked")),
+        }
     }
 }
 
@@ -191,6 +193,7 @@ pub struct Lab {
     namespaces: Mutex<Vec<String>>,
     children: Mutex<Vec<(String, Child)>>,
     nodes: Vec<LabNode>,
+    pods: Mutex<Vec<LabPod>>,
     dir: tempfile::TempDir,
 }
 
@@ -230,6 +233,7 @@ impl Lab {
             namespaces: Mutex::new(vec![netns.clone()]),
             children: Mutex::new(Vec::new()),
             nodes: Vec::new(),
+            pods: Mutex::new(Vec::new()),
             dir: tempfile::Builder::new()
                 .prefix("mcs-netlab-")
                 .tempdir()
@@ -539,6 +543,20 @@ impl Lab {
         });
     }
 
+    /// Removes the namespace of the plumbed Pod with IP `ip` (its veth and the node's route
+    /// to it go too), as a node tears down a deleted Pod's sandbox: its listeners become
+    /// unreachable.
+    pub fn remove_pod(&mut self, pod_ip: Ipv4Addr) {
+        let mut pods = self.pods.lock().unwrap();
+        let at = pods
+            .iter()
+            .position(|p| p.ip == pod_ip)
+            .unwrap_or_else(|| panic!("no plumbed pod with IP {pod_ip}"));
+        let pod = pods.remove(at);
+        ip(&["netns", "del", &pod.netns]);
+        self.namespaces.lock().unwrap().retain(|n| *n != pod.netns);
+    }
+
     /// Gives a Pod of node `node` its namespace: a veth to the node, `eth0` with the Pod IP,
     /// the default route via [`POD_GATEWAY`], the node's /32 route to it.
     pub fn plumb_pod(&mut self, node: usize, name: &str, pod_ip: IpAddr) -> LabPod {
@@ -595,12 +613,14 @@ impl Lab {
         ip(&[
             "-n", &netns, "route", "add", "default", "via", &gw, "dev", "eth0",
         ]);
-        LabPod {
+        let pod = LabPod {
             name: name.to_owned(),
             cluster,
             ip: pod_ip,
             netns,
-        }
+        };
+        self.pods.lock().unwrap().push(pod.clone());
+        pod
     }
 }
 
