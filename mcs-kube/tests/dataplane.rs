@@ -12,7 +12,9 @@ mod support;
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use clusterset::*;
@@ -93,6 +95,8 @@ async fn run(lab: &mut Lab) {
     let world = World { set, dns, client };
 
     case_clusterset_ip_through_dns(lab, &world).await;
+    lab.assert_running();
+    case_unready_east(&world, lab).await;
     lab.assert_running();
     case_conformance_connectivity(lab, &world).await;
     lab.assert_running();
@@ -711,4 +715,242 @@ async fn wait_mcs_endpoints(
         },
     )
     .await;
+}
+
+/// Answers (`<cluster> <ip>`, or the error) a prober recorded, with when each came back.
+type ProbeLog = Arc<Mutex<Vec<(Instant, Result<String, String>)>>>;
+
+/// Pace of each prober: one request every 5 ms at most (bounded traffic).
+const PROBE_PACE: Duration = Duration::from_millis(5);
+/// Hard bound on one prober's requests.
+const PROBE_MAX: usize = 20_000;
+
+/// Probes `addr` from the client pod through kube-proxy: a new connection per request,
+/// until `stop` (or [`PROBE_MAX`] requests).
+fn probe_kube_proxy(
+    world: &World,
+    addr: SocketAddr,
+    log: ProbeLog,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<()> {
+    let ns = world.client.netns.clone();
+    tokio::task::spawn_blocking(move || {
+        netlab::in_netns(&ns, move || {
+            for _ in 0..PROBE_MAX {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let answer = netlab::http_get_once(addr, REQUEST_TIMEOUT);
+                log.lock().unwrap().push((Instant::now(), answer));
+                std::thread::sleep(PROBE_PACE);
+            }
+        })
+    })
+}
+
+/// Probes `url` from the client pod through the `mcs-client` layer (north's resolver),
+/// until `stop` (or [`PROBE_MAX`] requests).
+fn probe_layer(
+    world: &World,
+    url: &'static str,
+    log: ProbeLog,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<()> {
+    let resolver = LabResolver {
+        lab: tokio::runtime::Handle::current(),
+        inner: KubeResolver::new(world.set.client(NORTH).clone()),
+    };
+    let north = world.set.ids[NORTH].clone();
+    tokio::spawn(netlab::run_in_netns(
+        &world.client.netns,
+        move || async move {
+            let builder = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+                .pool_timer(TokioTimer::new())
+                .pool_idle_timeout(Duration::from_secs(30))
+                .clone();
+            let svc = McsLayer::builder(resolver, Locality::cluster(north))
+                .request_timeout(REQUEST_TIMEOUT)
+                .build()
+                .layer(Http::new(builder));
+            let mut pace = tokio::time::interval(PROBE_PACE);
+            pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            for _ in 0..PROBE_MAX {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                pace.tick().await;
+                let req = http::Request::get(url)
+                    .body(Empty::<Bytes>::new())
+                    .expect("a request");
+                let answer = async {
+                    let resp = svc.clone().oneshot(req).await.map_err(|e| e.to_string())?;
+                    let body = resp
+                        .into_body()
+                        .collect()
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .to_bytes();
+                    Ok(String::from_utf8_lossy(&body).into_owned())
+                }
+                .await;
+                log.lock().unwrap().push((Instant::now(), answer));
+            }
+        },
+    ))
+}
+
+/// How many answers in `log` came back after `t`.
+fn answers_after(log: &ProbeLog, t: Instant) -> usize {
+    log.lock().unwrap().iter().filter(|(at, _)| *at > t).count()
+}
+
+/// p50 and p99 (nearest rank) of `v`, milliseconds.
+fn percentiles(v: &[Duration]) -> (f64, f64) {
+    let mut v: Vec<f64> = v.iter().map(|d| d.as_secs_f64() * 1e3).collect();
+    v.sort_by(f64::total_cmp);
+    let rank = |p: f64| v[((p * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
+    (rank(0.50), rank(0.99))
+}
+
+/// Issue 26, fourth case: east's Pods of `loyalty-accrual` turn unready; how long after
+/// that the last answer from east reaches north's client pod, through kube-proxy (the
+/// ClusterSetIP) and through the client layer, probed side by side. Printed, not asserted;
+/// what is asserted is that both stop reaching east once north's imports and kube-proxy
+/// have caught up, and that east comes back when ready again.
+async fn case_unready_east(world: &World, lab: &Lab) {
+    const NS: &str = "loyalty";
+    const NAME: &str = "loyalty-accrual.loyalty.svc.clusterset.local.";
+    const URL: &str = "http://loyalty-accrual.loyalty.svc.clusterset.local:42/";
+    const ROUNDS: usize = 5;
+    let set = &world.set;
+    let east = support::wait_ready_pods(set.client(EAST), NS, "app=loyalty-accrual", 2).await;
+    let west = support::wait_ready_pods(set.client(WEST), NS, "app=loyalty-accrual", 2).await;
+    let ips = |pods: &[k8s_openapi::api::core::v1::Pod]| -> BTreeSet<String> {
+        pods.iter()
+            .flat_map(support::pod_ips)
+            .map(|ip| ip.to_string())
+            .collect()
+    };
+    let (east_ips, west_ips) = (ips(&east), ips(&west));
+    let all: BTreeSet<String> = east_ips.union(&west_ips).cloned().collect();
+    let vip = {
+        let (ns, dns) = (world.client.netns.clone(), world.dns);
+        tokio::task::spawn_blocking(move || netlab::in_netns(&ns, move || dns_a(dns, NAME)))
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{NAME}: {e}"))[0]
+    };
+    let vip = SocketAddr::new(IpAddr::V4(vip), 42);
+
+    let (mut via_proxy, mut via_layer) = (Vec::new(), Vec::new());
+    for round in 1..=ROUNDS {
+        // Steady state: all four ready in north's imports, kube-proxy caught up.
+        wait_mcs_endpoints(set.client(NORTH), NS, "loyalty-accrual", "all ready", |r| {
+            *r == all
+        })
+        .await;
+        settled(world, lab).await;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (proxy_log, layer_log): (ProbeLog, ProbeLog) = Default::default();
+        let probes = [
+            probe_kube_proxy(world, vip, Arc::clone(&proxy_log), Arc::clone(&stop)),
+            probe_layer(world, URL, Arc::clone(&layer_log), Arc::clone(&stop)),
+        ];
+        // Both probers reach east before the change (the layer has resolved).
+        let from_east = |log: &ProbeLog| {
+            log.lock()
+                .unwrap()
+                .iter()
+                .any(|(_, a)| a.as_ref().is_ok_and(|a| a.starts_with("east ")))
+        };
+        support::wait_for("both probers answered by east", ROUTE_TIMEOUT, || async {
+            (from_east(&proxy_log) && from_east(&layer_log)).then_some(())
+        })
+        .await;
+
+        // East's Pods turn unready (their readiness probes fail).
+        let t0 = Instant::now();
+        for p in &east {
+            support::set_pod_ready(
+                set.client(EAST),
+                NS,
+                p.metadata.name.as_deref().unwrap(),
+                false,
+            )
+            .await;
+        }
+        wait_mcs_endpoints(
+            set.client(NORTH),
+            NS,
+            "loyalty-accrual",
+            "only west ready",
+            |r| *r == west_ips,
+        )
+        .await;
+        settled(world, lab).await;
+        let t_settled = Instant::now();
+        // Then 50 more answers on each path, none of them from east.
+        support::wait_for(
+            "50 answers per prober after settling",
+            ROUTE_TIMEOUT,
+            || async {
+                (answers_after(&proxy_log, t_settled) >= 50
+                    && answers_after(&layer_log, t_settled) >= 50)
+                    .then_some(())
+            },
+        )
+        .await;
+        stop.store(true, Ordering::Relaxed);
+        for p in probes {
+            p.await.expect("a prober");
+        }
+        for (path, log, out) in [
+            ("kube-proxy", &proxy_log, &mut via_proxy),
+            ("mcs-client", &layer_log, &mut via_layer),
+        ] {
+            let log = log.lock().unwrap();
+            let late: Vec<&Result<String, String>> = log
+                .iter()
+                .filter(|(at, a)| {
+                    *at > t_settled && a.as_ref().is_ok_and(|a| a.starts_with("east "))
+                })
+                .map(|(_, a)| a)
+                .collect();
+            assert!(
+                late.is_empty(),
+                "round {round}, {path}: {} answers from east after north caught up: {late:?}",
+                late.len()
+            );
+            let last_east = log
+                .iter()
+                .filter(|(at, a)| *at > t0 && a.as_ref().is_ok_and(|a| a.starts_with("east ")))
+                .map(|(at, _)| *at)
+                .max();
+            let errors = log.iter().filter(|(at, a)| *at > t0 && a.is_err()).count();
+            let took = last_east.map_or(Duration::ZERO, |t| t - t0);
+            println!(
+                "case 4 round {round}: {path}: last answer from east {took:.1?} after unready \
+                 ({} requests, {errors} errors after the change)",
+                log.len()
+            );
+            out.push(took);
+        }
+        // East is ready again: both paths reach it again before the next round.
+        for p in &east {
+            support::set_pod_ready(
+                set.client(EAST),
+                NS,
+                p.metadata.name.as_deref().unwrap(),
+                true,
+            )
+            .await;
+        }
+    }
+    let (p50, p99) = percentiles(&via_proxy);
+    let (l50, l99) = percentiles(&via_layer);
+    println!(
+        "case 4: east unready -> last answer from east, {ROUNDS} rounds:\n  \
+         through kube-proxy (ClusterSetIP): p50 {p50:.0} ms, p99 {p99:.0} ms\n  \
+         through mcs-client (pod IPs):     p50 {l50:.0} ms, p99 {l99:.0} ms"
+    );
 }
