@@ -298,6 +298,29 @@ async fn case_clusterset_ip_through_dns(lab: &mut Lab, world: &World) {
         .unwrap_or_else(|e| panic!("derived Service {derived}: {e}"));
     let vip = svc.spec.and_then(|s| s.cluster_ip).unwrap_or_default();
     assert_eq!(si.spec.ips.as_deref(), Some(&[vip.clone()][..]));
+    // kube-proxy finds the imported slices by the derived Service's name: one set per
+    // exporting cluster carries it.
+    let sources: BTreeSet<String> = Api::<EndpointSlice>::namespaced(set.client(NORTH).clone(), NS)
+        .list(
+            &kube::api::ListParams::default()
+                .labels(&format!("kubernetes.io/service-name={derived}")),
+        )
+        .await
+        .expect("list the derived Service's slices")
+        .items
+        .iter()
+        .filter_map(|s| {
+            s.metadata
+                .labels
+                .as_ref()?
+                .get("multicluster.kubernetes.io/source-cluster")
+                .cloned()
+        })
+        .collect();
+    assert_eq!(
+        sources,
+        BTreeSet::from(["east".to_owned(), "west".to_owned()])
+    );
     // Through DNS, from the client pod, to the Pods of both clusters, once north's
     // kube-proxy holds what north's agent wrote.
     settled(world, lab).await;
@@ -650,6 +673,21 @@ async fn case_client_layer(lab: &mut Lab, world: &World) {
     for a in &east_pods {
         lab.remove_pod(a.split(' ').nth(1).unwrap().parse().unwrap());
     }
+    // Gone for real: their IPs no longer answer from north's pod.
+    let (ns, gone) = (world.client.netns.clone(), east_pods.clone());
+    let still = tokio::task::spawn_blocking(move || {
+        netlab::in_netns(&ns, move || {
+            gone.iter()
+                .filter_map(|a| {
+                    let ip: IpAddr = a.split(' ').nth(1)?.parse().ok()?;
+                    netlab::http_get_once(SocketAddr::new(ip, 42), Duration::from_secs(1)).ok()
+                })
+                .collect::<Vec<_>>()
+        })
+    })
+    .await
+    .unwrap();
+    assert!(still.is_empty(), "removed pods still answer: {still:?}");
     let west: BTreeSet<String> = pods
         .iter()
         .filter(|a| a.starts_with("west "))

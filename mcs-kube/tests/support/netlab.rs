@@ -184,6 +184,8 @@ pub struct LabPod {
     pub ip: Ipv4Addr,
     /// The Pod's namespace name.
     pub netns: String,
+    node_netns: String,
+    veth: String,
 }
 
 /// The lab (see the module docs). Drop it after the runtime that used it.
@@ -543,9 +545,9 @@ impl Lab {
         });
     }
 
-    /// Removes the namespace of the plumbed Pod with IP `ip` (its veth and the node's route
-    /// to it go too), as a node tears down a deleted Pod's sandbox: its listeners become
-    /// unreachable.
+    /// Removes the plumbed Pod with IP `pod_ip`: its veth (and with it the node's route to
+    /// it) and its namespace, as a node tears down a deleted Pod's sandbox: its listeners
+    /// become unreachable.
     pub fn remove_pod(&mut self, pod_ip: Ipv4Addr) {
         let mut pods = self.pods.lock().unwrap();
         let at = pods
@@ -553,6 +555,9 @@ impl Lab {
             .position(|p| p.ip == pod_ip)
             .unwrap_or_else(|| panic!("no plumbed pod with IP {pod_ip}"));
         let pod = pods.remove(at);
+        // The veth first: a namespace outlives its name while a socket (the listener) is
+        // open in it. Deleting one end of a veth deletes both, and the node's route.
+        ip(&["-n", &pod.node_netns, "link", "del", &pod.veth]);
         ip(&["netns", "del", &pod.netns]);
         self.namespaces.lock().unwrap().retain(|n| *n != pod.netns);
     }
@@ -618,6 +623,8 @@ impl Lab {
             cluster,
             ip: pod_ip,
             netns,
+            node_netns: node_ns,
+            veth,
         };
         self.pods.lock().unwrap().push(pod.clone());
         pod
