@@ -600,7 +600,8 @@ impl PodClient {
 /// when east's Pods go away.
 async fn case_client_layer(lab: &mut Lab, world: &World) {
     const NS: &str = "lb";
-    let url = "http://api.lb.svc.clusterset.local:42/";
+    const URL: &str = "http://api.lb.svc.clusterset.local:42/";
+    let url = URL;
     let set = &world.set;
     set.namespace(NS).await;
     let mut pods = BTreeSet::new();
@@ -666,10 +667,17 @@ async fn case_client_layer(lab: &mut Lab, world: &World) {
         seen.len()
     );
 
-    // East's Pods go away: the Deployment scales to 0, and their namespaces are removed
-    // (a node tearing down the sandboxes), so nothing answers at their IPs any more.
-    support::scale_deployment(set.client(EAST), NS, "api", 0).await;
-    support::wait_ready_pods(set.client(EAST), NS, "app=api", 0).await;
+    // East's Pods go away while requests keep flowing: first their sandboxes (veths and
+    // namespaces removed, as when a node dies before the API server notices), then the
+    // Deployment scales to 0 and north's imports follow.
+    let stop = Arc::new(AtomicBool::new(false));
+    let log: ProbeLog = Default::default();
+    let probe = probe_layer(world, URL, Arc::clone(&log), Arc::clone(&stop));
+    support::wait_for("the prober answered", ROUTE_TIMEOUT, || async {
+        (!log.lock().unwrap().is_empty()).then_some(())
+    })
+    .await;
+    let t0 = Instant::now();
     for a in &east_pods {
         lab.remove_pod(a.split(' ').nth(1).unwrap().parse().unwrap());
     }
@@ -688,6 +696,8 @@ async fn case_client_layer(lab: &mut Lab, world: &World) {
     .await
     .unwrap();
     assert!(still.is_empty(), "removed pods still answer: {still:?}");
+    support::scale_deployment(set.client(EAST), NS, "api", 0).await;
+    support::wait_ready_pods(set.client(EAST), NS, "app=api", 0).await;
     let west: BTreeSet<String> = pods
         .iter()
         .filter(|a| a.starts_with("west "))
@@ -702,27 +712,44 @@ async fn case_client_layer(lab: &mut Lab, world: &World) {
     })
     .await;
     // Once north's imports say so, every request goes to west, and succeeds.
-    let mut failed_during = 0;
-    let mut outcomes;
-    let mut rounds = 0;
-    loop {
-        outcomes = client.requests(url, 20).await;
-        rounds += 1;
-        if outcomes
-            .iter()
-            .all(|o| o.as_ref().is_ok_and(|(_, b)| west.contains(b)))
-        {
-            break;
-        }
-        failed_during += outcomes.iter().filter(|o| o.is_err()).count();
-        assert!(
-            rounds < 10,
-            "the layer still does not send only to west after {rounds} rounds: {outcomes:?}"
-        );
-    }
+    let t_settled = Instant::now();
+    support::wait_for(
+        "50 answers after north's imports caught up",
+        ROUTE_TIMEOUT,
+        || async { (answers_after(&log, t_settled) >= 50).then_some(()) },
+    )
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    probe.await.expect("the prober");
+    let log = log.lock().unwrap();
+    let after = log.iter().filter(|(at, _, _)| *at > t_settled).count();
+    let late: Vec<&Result<String, String>> = log
+        .iter()
+        .filter(|(at, _, a)| *at > t_settled && !a.as_ref().is_ok_and(|a| west.contains(a)))
+        .map(|(_, _, a)| a)
+        .collect();
+    assert!(
+        late.is_empty(),
+        "after north's imports held only west, {} requests did not reach west: {late:?}",
+        late.len()
+    );
+    let during: Vec<&(Instant, Instant, Result<String, String>)> = log
+        .iter()
+        .filter(|(at, _, _)| *at > t0 && *at <= t_settled)
+        .collect();
+    let failed = during.iter().filter(|(_, _, a)| a.is_err()).count();
+    let last_failure = during
+        .iter()
+        .filter(|(_, _, a)| a.is_err())
+        .map(|(_, end, _)| *end - t0)
+        .max();
+    let last_failure = last_failure.map_or("none".to_owned(), |d| format!("{d:.1?}"));
     println!(
-        "case 3: after east's pods went away, 20 of 20 requests reached west (failed while \
-         converging: {failed_during}, rounds: {rounds})"
+        "case 3: east's pods went away: {} requests sent while north caught up ({:.1?}), \
+         {failed} failed (the last completed {last_failure} after the sandboxes went); \
+         then all {after} sent after reached west",
+        during.len(),
+        t_settled - t0,
     );
 }
 
@@ -755,8 +782,9 @@ async fn wait_mcs_endpoints(
     .await;
 }
 
-/// Answers (`<cluster> <ip>`, or the error) a prober recorded, with when each came back.
-type ProbeLog = Arc<Mutex<Vec<(Instant, Result<String, String>)>>>;
+/// What a prober recorded per request: when it was sent, when it completed, and the answer
+/// (`<cluster> <ip>`) or the error.
+type ProbeLog = Arc<Mutex<Vec<(Instant, Instant, Result<String, String>)>>>;
 
 /// Pace of each prober: one request every 5 ms at most (bounded traffic).
 const PROBE_PACE: Duration = Duration::from_millis(5);
@@ -778,8 +806,9 @@ fn probe_kube_proxy(
                 if stop.load(Ordering::Relaxed) {
                     break;
                 }
+                let start = Instant::now();
                 let answer = netlab::http_get_once(addr, REQUEST_TIMEOUT);
-                log.lock().unwrap().push((Instant::now(), answer));
+                log.lock().unwrap().push((start, Instant::now(), answer));
                 std::thread::sleep(PROBE_PACE);
             }
         })
@@ -820,6 +849,7 @@ fn probe_layer(
                 let req = http::Request::get(url)
                     .body(Empty::<Bytes>::new())
                     .expect("a request");
+                let start = Instant::now();
                 let answer = async {
                     let resp = svc.clone().oneshot(req).await.map_err(|e| e.to_string())?;
                     let body = resp
@@ -831,15 +861,19 @@ fn probe_layer(
                     Ok(String::from_utf8_lossy(&body).into_owned())
                 }
                 .await;
-                log.lock().unwrap().push((Instant::now(), answer));
+                log.lock().unwrap().push((start, Instant::now(), answer));
             }
         },
     ))
 }
 
-/// How many answers in `log` came back after `t`.
+/// How many requests in `log` were sent after `t`.
 fn answers_after(log: &ProbeLog, t: Instant) -> usize {
-    log.lock().unwrap().iter().filter(|(at, _)| *at > t).count()
+    log.lock()
+        .unwrap()
+        .iter()
+        .filter(|(at, _, _)| *at > t)
+        .count()
 }
 
 /// p50 and p99 (nearest rank) of `v`, milliseconds.
@@ -899,7 +933,7 @@ async fn case_unready_east(world: &World, lab: &Lab) {
             log.lock()
                 .unwrap()
                 .iter()
-                .any(|(_, a)| a.as_ref().is_ok_and(|a| a.starts_with("east ")))
+                .any(|(_, _, a)| a.as_ref().is_ok_and(|a| a.starts_with("east ")))
         };
         support::wait_for("both probers answered by east", ROUTE_TIMEOUT, || async {
             (from_east(&proxy_log) && from_east(&layer_log)).then_some(())
@@ -949,10 +983,10 @@ async fn case_unready_east(world: &World, lab: &Lab) {
             let log = log.lock().unwrap();
             let late: Vec<&Result<String, String>> = log
                 .iter()
-                .filter(|(at, a)| {
+                .filter(|(at, _, a)| {
                     *at > t_settled && a.as_ref().is_ok_and(|a| a.starts_with("east "))
                 })
-                .map(|(_, a)| a)
+                .map(|(_, _, a)| a)
                 .collect();
             assert!(
                 late.is_empty(),
@@ -961,10 +995,13 @@ async fn case_unready_east(world: &World, lab: &Lab) {
             );
             let last_east = log
                 .iter()
-                .filter(|(at, a)| *at > t0 && a.as_ref().is_ok_and(|a| a.starts_with("east ")))
-                .map(|(at, _)| *at)
+                .filter(|(at, _, a)| *at > t0 && a.as_ref().is_ok_and(|a| a.starts_with("east ")))
+                .map(|(at, _, _)| *at)
                 .max();
-            let errors = log.iter().filter(|(at, a)| *at > t0 && a.is_err()).count();
+            let errors = log
+                .iter()
+                .filter(|(at, _, a)| *at > t0 && a.is_err())
+                .count();
             let took = last_east.map_or(Duration::ZERO, |t| t - t0);
             println!(
                 "case 4 round {round}: {path}: last answer from east {took:.1?} after unready \
