@@ -601,7 +601,6 @@ impl PodClient {
 async fn case_client_layer(lab: &mut Lab, world: &World) {
     const NS: &str = "lb";
     const URL: &str = "http://api.lb.svc.clusterset.local:42/";
-    let url = URL;
     let set = &world.set;
     set.namespace(NS).await;
     let mut pods = BTreeSet::new();
@@ -639,7 +638,7 @@ async fn case_client_layer(lab: &mut Lab, world: &World) {
     .await;
 
     let client = PodClient::start(world);
-    let outcomes = client.requests(url, 40).await;
+    let outcomes = client.requests(URL, 40).await;
     let mut seen = BTreeSet::new();
     for o in &outcomes {
         let (served, body) = o
