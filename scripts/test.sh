@@ -10,7 +10,9 @@
 #   - kwok v0.8.0 (with its Stage objects) and CoreDNS v1.15.0, built the same way
 #     (scripts/kwok-coredns-bins.sh; cold ~6 min, warm: instant), exported as
 #     MCS_KWOK_BIN, MCS_KWOK_STAGES and MCS_COREDNS_BIN;
-#   - dig (Debian's bind9-dnsutils) for the DNS tests.
+#   - dig (Debian's bind9-dnsutils) for the DNS tests;
+#   - nft and ip (Debian's nftables, iproute2) for the dataplane tests (kube-proxy in
+#     nftables mode in network namespaces; they run as root).
 # Tests that need these fail loudly when they are missing; nothing is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +31,13 @@ if ! command -v dig >/dev/null 2>&1; then
 	if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
 	$SUDO apt-get update -qq >/dev/null
 	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq bind9-dnsutils >/dev/null
+fi
+
+if ! command -v nft >/dev/null 2>&1; then
+	echo "test: installing nft (nftables, for kube-proxy in the dataplane tests)"
+	if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+	$SUDO apt-get update -qq >/dev/null
+	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq nftables iproute2 >/dev/null
 fi
 
 cargo test --workspace --all-features "$@"

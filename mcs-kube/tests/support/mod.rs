@@ -25,6 +25,7 @@
 //! - [`kwok`]: real Pods from Deployments and StatefulSets ([`ClusterOptions::pods`]:
 //!   kube-scheduler and kwok), scaling, readiness, deletion, watch-based waits;
 //! - [`manifests`]: `deploy/` manifests read and applied as shipped;
+//! - [`netlab`]: nodes and pods as network namespaces with kube-proxy (dataplane tests);
 //! - [`wait`]: polling with a deadline ([`wait_for`]); [`requests`]: what one client asked
 //!   ([`recorded`]); [`http`]: plain HTTP through hyper; [`dns`]: DNS clients for tests;
 //! - [`coredns`]: CoreDNS started with a Corefile the test writes ([`CoreDns`]).
@@ -41,6 +42,7 @@ pub mod http;
 mod kubeconfig;
 pub mod kwok;
 pub mod manifests;
+pub mod netlab;
 pub mod objects;
 mod pki;
 mod process;
