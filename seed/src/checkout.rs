@@ -15,8 +15,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use mcs_client::connect::Http2;
 use mcs_client::{BufferBody, Mcs, McsLayer, Replay, Retry, Served};
 use mcs_core::ClusterId;
-use mcs_core::discovery::Resolve;
+use mcs_core::discovery::{Endpoint, Resolve, Target};
 use mcs_core::endpoints::{BalancerConfig, Locality, OutlierConfig};
+use mcs_core::name::ServiceRef;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tonic::body::Body;
@@ -34,6 +35,7 @@ type Channel = Mcs<Http2<Routed, Body>, BufferBody<Rebuild>>;
 /// A checkout service's client in one cluster.
 #[derive(Clone)]
 pub struct Checkout {
+    layer: McsLayer<BufferBody<Rebuild>>,
     channel: Channel,
 }
 
@@ -62,12 +64,29 @@ impl Checkout {
             Routed::new(network.clone()),
         );
         let rebuild: Rebuild = Body::new;
-        let channel = McsLayer::builder(resolver, Locality::cluster(cluster.clone()))
+        let layer = McsLayer::builder(resolver, Locality::cluster(cluster.clone()))
             .balancer(BalancerConfig::default().outlier(outlier))
             .retry(Retry::new(BufferBody::new(64 * 1024, rebuild)))
-            .build()
-            .layer(h2);
-        Self { channel }
+            .build();
+        let channel = layer.layer(h2);
+        Self { layer, channel }
+    }
+
+    /// Waits until the layer balances calls to the service's `port` over endpoints that
+    /// satisfy `ready` (discovery reaches the balancer through its own task, after the
+    /// objects change). `false` when no call to `port` has started its discovery yet.
+    pub async fn wait_for_endpoints(
+        &self,
+        port: u16,
+        ready: impl FnMut(&[Endpoint]) -> bool,
+    ) -> bool {
+        let Ok(service) = ServiceRef::new(crate::loyalty::NAMESPACE, crate::loyalty::SERVICE)
+        else {
+            return false;
+        };
+        self.layer
+            .wait_for_endpoints(&Target { service, port }, ready)
+            .await
     }
 
     /// One `Accrue` call to the service's `port`. Checks that the pod that answered is the
@@ -167,6 +186,8 @@ pub struct Tally {
     pub failed: usize,
     /// The first failure.
     pub first_error: Option<String>,
+    /// Failed calls by root cause (the last part of the error's chain).
+    pub causes: BTreeMap<String, usize>,
 }
 
 impl Tally {
@@ -189,6 +210,9 @@ impl Tally {
         );
         if let Some(e) = &self.first_error {
             println!("   first failure: {e}");
+        }
+        for (cause, n) in &self.causes {
+            println!("   {n} failed: {cause}");
         }
     }
 }
@@ -302,6 +326,8 @@ pub async fn drive(
                 }
                 Err(e) => {
                     tally.failed += 1;
+                    let cause = e.rsplit(": ").next().unwrap_or_default().to_owned();
+                    *tally.causes.entry(cause).or_default() += 1;
                     tally.first_error.get_or_insert(e);
                 }
             }

@@ -190,6 +190,9 @@ pub(crate) trait ClusterSet {
     ) -> Result<View, String>;
     /// The resolver for a checkout in `cluster`.
     fn resolver(&self, cluster: &ClusterId) -> Self::Resolver;
+    /// How long to wait for a change to reach a checkout's balancer before calling it
+    /// missing (a bound on waiting for an event, not a check).
+    fn settle(&self) -> std::time::Duration;
     /// North's `clusterset.local` DNS server.
     fn dns(&self) -> SocketAddr;
     /// How the pods' addresses are reached.
@@ -380,6 +383,19 @@ pub(crate) async fn scenario<S: ClusterSet>(
         ready_endpoints(&east_view, "grpc")
             == endpoints_of(&[("east", &new_ips), ("west", &west_ips)]),
     );
+    // The imported slices reach the checkout's balancer through its discovery task: wait
+    // for that event, so that the calls below test local-first, not the propagation.
+    let expected = endpoints_of(&[("east", &new_ips), ("west", &west_ips)]);
+    let balanced = tokio::time::timeout(
+        set.settle(),
+        east_checkout.wait_for_endpoints(GRPC, |endpoints| balanced(endpoints) == expected),
+    )
+    .await
+    .unwrap_or(false);
+    report.check(
+        "rollout: east's checkout balances over east's new pods and west's",
+        balanced,
+    );
     let tally = drive(&east_checkout, GRPC, 1000, 16, "east", None).await;
     tally.print();
     report.check(
@@ -533,6 +549,22 @@ fn ready_endpoints(view: &View, port_name: &str) -> Split {
         split.entry(cluster.clone()).or_default().extend(ready);
     }
     split.retain(|_, ips| !ips.is_empty());
+    for ips in split.values_mut() {
+        ips.sort();
+    }
+    split
+}
+
+/// The ready endpoints a checkout's balancer has, by cluster (the same shape as
+/// [`ready_endpoints`]).
+fn balanced(endpoints: &[mcs_core::discovery::Endpoint]) -> Split {
+    let mut split = Split::new();
+    for endpoint in endpoints.iter().filter(|e| e.ready) {
+        split
+            .entry(endpoint.cluster.as_str().to_owned())
+            .or_default()
+            .push(endpoint.addr.ip().to_string());
+    }
     for ips in split.values_mut() {
         ips.sort();
     }

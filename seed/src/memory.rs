@@ -269,6 +269,11 @@ impl ClusterSet for Memory {
         SnapshotResolver::new(rx)
     }
 
+    fn settle(&self) -> Duration {
+        // In-process channels: far more than a change needs to reach a task.
+        Duration::from_secs(10)
+    }
+
     fn dns(&self) -> SocketAddr {
         self.dns
     }

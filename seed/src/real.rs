@@ -339,6 +339,10 @@ impl ClusterSet for Real {
         }
     }
 
+    fn settle(&self) -> Duration {
+        SETTLE
+    }
+
     fn dns(&self) -> SocketAddr {
         self.dns
     }
