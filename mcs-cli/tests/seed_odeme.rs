@@ -114,6 +114,19 @@ fn merged_kubeconfig(clusters: &[&TestCluster]) -> Kubeconfig {
     merged
 }
 
+/// A loopback port free for both UDP and TCP now, for mcs-dns to bind (a port the kernel
+/// gives for UDP may be taken for TCP: try another).
+fn free_dns_port() -> std::net::SocketAddr {
+    for _ in 0..20 {
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind UDP on loopback");
+        let addr = udp.local_addr().expect("the UDP socket's address");
+        if std::net::TcpListener::bind(addr).is_ok() {
+            return addr;
+        }
+    }
+    panic!("no loopback port free for both UDP and TCP after 20 tries");
+}
+
 async fn vip(client: &Client) -> Option<Ipv4Addr> {
     let import = Api::<ServiceImport>::namespaced(client.clone(), NS)
         .get_opt("odeme")
@@ -152,13 +165,7 @@ async fn odeme_is_imported_into_uretim_tr_as_kubectl_and_mcs_dns_show() {
             &cluster.dir().join("mcs-agent.log"),
         ));
     }
-    let dns = {
-        // A port free for UDP and TCP now, for mcs-dns to bind.
-        let udp = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind UDP");
-        let addr = udp.local_addr().unwrap();
-        std::net::TcpListener::bind(addr).expect("the same port for TCP");
-        addr
-    };
+    let dns = free_dns_port();
     processes.push(spawn(
         env!("CARGO_BIN_EXE_mcs-dns"),
         &[
