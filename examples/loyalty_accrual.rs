@@ -2,8 +2,8 @@
 //! as one `ClusterSetIP` service, called over gRPC by a checkout in `north`.
 //!
 //! ```text
-//! cargo run --release --example loyalty_accrual             # in memory, about a second
-//! cargo run --release --example loyalty_accrual -- --real   # three real API servers
+//! cargo run --release --example loyalty_accrual             # in memory, a few seconds
+//! cargo run --release --example loyalty_accrual -- --real   # three real API servers, ~10 s
 //! ```
 //!
 //! By default everything runs in this process: the agents' own planner
