@@ -10,6 +10,9 @@
 //! slices carry the requested port are included: traffic for a port goes only to clusters
 //! that expose it.
 //!
+//! [`SnapshotResolver`] answers the same way (through the same [`endpoints`]) from imports
+//! and slices held in memory and replaced through a channel.
+//!
 //! ```no_run
 //! # async fn run(client: kube::Client) {
 //! use mcs_core::discovery::{Resolve, Target};
@@ -32,7 +35,7 @@ use kube::runtime::watcher::{self, Event};
 use mcs_core::api::{LABEL_SERVICE_NAME, v1beta1::ServiceImport};
 use mcs_core::discovery::{Endpoint, Resolution, Resolve, ResolveError, Target, Update};
 use mcs_core::slices::McsSlice;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 /// Resolves targets from the ServiceImports and MCS EndpointSlices of one cluster.
 #[derive(Clone)]
@@ -184,59 +187,342 @@ impl TargetState {
         if !self.slices_listed {
             return None;
         }
-        let Some(import) = import else {
-            return Some(Update::DoesNotExist);
+        Some(endpoints(target, import.as_ref(), self.slices.values()))
+    }
+}
+
+/// The endpoint set of `target` from its ServiceImport and its MCS EndpointSlices: what
+/// [`KubeResolver`] and [`SnapshotResolver`] publish.
+///
+/// `slices` are the EndpointSlices labelled `multicluster.kubernetes.io/service-name=<svc>`
+/// in the service's namespace (others are skipped). No import gives
+/// [`Update::DoesNotExist`]; an import without the target's port gives an empty set. The
+/// import's port gives the port name and protocol to look for in the slices, so only
+/// clusters whose slices carry that port contribute: traffic for a port goes only to the
+/// clusters that expose it. Addresses are de-duplicated across slices (a ready copy wins)
+/// and sorted.
+pub fn endpoints<'a>(
+    target: &Target,
+    import: Option<&ServiceImport>,
+    slices: impl IntoIterator<Item = &'a EndpointSlice>,
+) -> Update {
+    let Some(import) = import else {
+        return Update::DoesNotExist;
+    };
+    // The import's port for the requested service port gives the port name to look
+    // for in the slices; an import without that port has no endpoints for it.
+    let Some(port) = import
+        .spec
+        .ports
+        .iter()
+        .find(|p| i64::from(p.port) == i64::from(target.port))
+    else {
+        return Update::Reset(Vec::new());
+    };
+    let wanted_name = port.name.clone().unwrap_or_default();
+    let wanted_protocol = port.protocol_or_default();
+    let mut endpoints: HashMap<SocketAddr, Endpoint> = HashMap::new();
+    for slice in slices {
+        let Ok(parsed) = McsSlice::parse(slice) else {
+            continue;
         };
-        // The import's port for the requested service port gives the port name to look
-        // for in the slices; an import without that port has no endpoints for it.
-        let Some(port) = import
-            .spec
+        if parsed.service.as_str() != target.service.name.as_str()
+            || slice.metadata.namespace.as_deref() != Some(target.service.namespace.as_str())
+        {
+            continue;
+        }
+        let Some(slice_port) = parsed
+            .data
             .ports
             .iter()
-            .find(|p| i64::from(p.port) == i64::from(target.port))
+            .find(|p| p.name == wanted_name && p.protocol == wanted_protocol)
         else {
-            return Some(Update::Reset(Vec::new()));
+            continue; // This cluster does not expose the port.
         };
-        let wanted_name = port.name.clone().unwrap_or_default();
-        let wanted_protocol = port.protocol_or_default();
-        let mut endpoints: HashMap<SocketAddr, Endpoint> = HashMap::new();
-        for slice in self.slices.values() {
-            let Ok(parsed) = McsSlice::parse(slice) else {
-                continue;
-            };
-            let Some(slice_port) = parsed
-                .data
-                .ports
-                .iter()
-                .find(|p| p.name == wanted_name && p.protocol == wanted_protocol)
-            else {
-                continue; // This cluster does not expose the port.
-            };
-            for ep in &parsed.data.endpoints {
-                for ip in &ep.addresses {
-                    let addr = SocketAddr::new(*ip, slice_port.port);
-                    let candidate = Endpoint {
-                        addr,
-                        cluster: parsed.cluster.clone(),
-                        zone: ep.zone.clone(),
-                        hostname: ep.hostname.clone(),
-                        ready: ep.ready,
-                        serving: ep.serving,
-                        terminating: ep.terminating,
-                    };
-                    // The same address in two slices (a slice being replaced): keep the
-                    // ready copy.
-                    match endpoints.get(&addr) {
-                        Some(existing) if existing.ready || !candidate.ready => {}
-                        _ => {
-                            endpoints.insert(addr, candidate);
-                        }
+        for ep in &parsed.data.endpoints {
+            for ip in &ep.addresses {
+                let addr = SocketAddr::new(*ip, slice_port.port);
+                let candidate = Endpoint {
+                    addr,
+                    cluster: parsed.cluster.clone(),
+                    zone: ep.zone.clone(),
+                    hostname: ep.hostname.clone(),
+                    ready: ep.ready,
+                    serving: ep.serving,
+                    terminating: ep.terminating,
+                };
+                // The same address in two slices (a slice being replaced): keep the
+                // ready copy.
+                match endpoints.get(&addr) {
+                    Some(existing) if existing.ready || !candidate.ready => {}
+                    _ => {
+                        endpoints.insert(addr, candidate);
                     }
                 }
             }
         }
-        let mut list: Vec<Endpoint> = endpoints.into_values().collect();
-        list.sort_by_key(|e| e.addr);
-        Some(Update::Reset(list))
+    }
+    let mut list: Vec<Endpoint> = endpoints.into_values().collect();
+    list.sort_by_key(|e| e.addr);
+    Update::Reset(list)
+}
+
+/// One cluster's ServiceImports and MCS EndpointSlices, held in memory: what a
+/// [`SnapshotResolver`] resolves from.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ImportedObjects {
+    /// The ServiceImports.
+    pub imports: Vec<ServiceImport>,
+    /// The EndpointSlices (those without the `multicluster.kubernetes.io/service-name`
+    /// label are ignored).
+    pub slices: Vec<EndpointSlice>,
+}
+
+/// A resolver over ServiceImports and MCS EndpointSlices held in memory and replaced
+/// through a `tokio::sync::watch` channel, for a process that gets them some other way than
+/// from an API server (a test, an example, a different control plane).
+///
+/// It answers exactly as [`KubeResolver`] does from the same objects (both use
+/// [`endpoints`]): for every target, the complete set on every change of the objects,
+/// sent only when it differs from the last one.
+///
+/// ```
+/// # async fn run() {
+/// use mcs_core::discovery::{Resolve, Target};
+/// use mcs_core::name::ServiceRef;
+/// use mcs_kube::resolver::{ImportedObjects, SnapshotResolver};
+///
+/// let (objects, rx) = tokio::sync::watch::channel(ImportedObjects::default());
+/// let resolver = SnapshotResolver::new(rx);
+/// let target = Target { service: ServiceRef::new("loyalty", "loyalty-accrual").unwrap(), port: 9443 };
+/// let updates = resolver.resolve(&target); // DoesNotExist until an import is sent
+/// objects.send_replace(ImportedObjects::default());
+/// # drop(updates); }
+/// ```
+#[derive(Clone, Debug)]
+pub struct SnapshotResolver {
+    objects: watch::Receiver<ImportedObjects>,
+}
+
+impl SnapshotResolver {
+    /// A resolver answering from the objects last sent on the channel.
+    pub fn new(objects: watch::Receiver<ImportedObjects>) -> Self {
+        Self { objects }
+    }
+}
+
+impl Resolve for SnapshotResolver {
+    fn resolve(&self, target: &Target) -> Resolution {
+        let (tx, rx) = mpsc::channel(16);
+        let mut objects = self.objects.clone();
+        let target = target.clone();
+        tokio::spawn(async move {
+            let mut last_sent: Option<Update> = None;
+            loop {
+                let update = {
+                    let objects = objects.borrow_and_update();
+                    let import = objects.imports.iter().find(|i| {
+                        i.metadata.name.as_deref() == Some(target.service.name.as_str())
+                            && i.metadata.namespace.as_deref()
+                                == Some(target.service.namespace.as_str())
+                    });
+                    endpoints(&target, import, &objects.slices)
+                };
+                if last_sent.as_ref() != Some(&update) {
+                    if tx.send(Ok(update.clone())).await.is_err() {
+                        return; // The resolution was dropped.
+                    }
+                    last_sent = Some(update);
+                }
+                if objects.changed().await.is_err() {
+                    return; // The sender is gone: keep the last set.
+                }
+            }
+        });
+        Box::pin(stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use futures::StreamExt;
+    use k8s_openapi::api::discovery::v1::{
+        Endpoint as SliceEndpoint, EndpointConditions, EndpointPort,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use mcs_core::api::{
+        LABEL_SOURCE_CLUSTER, Protocol, ServiceImportSpec, ServiceImportType, ServicePort,
+    };
+    use mcs_core::name::ServiceRef;
+
+    use super::*;
+
+    fn target(port: u16) -> Target {
+        Target {
+            service: ServiceRef::new("loyalty", "loyalty-accrual").unwrap(),
+            port,
+        }
+    }
+
+    fn import(ports: &[(&str, i32)]) -> ServiceImport {
+        let mut spec = ServiceImportSpec::new(ServiceImportType::ClusterSetIp);
+        spec.ports = ports
+            .iter()
+            .map(|(name, port)| ServicePort {
+                name: Some((*name).into()),
+                protocol: Some(Protocol::Tcp),
+                app_protocol: None,
+                port: *port,
+            })
+            .collect();
+        let mut import = ServiceImport::new("loyalty-accrual", spec);
+        import.metadata.namespace = Some("loyalty".into());
+        import
+    }
+
+    fn slice(
+        name: &str,
+        cluster: &str,
+        ips: &[(&str, bool)],
+        ports: &[(&str, i32)],
+    ) -> EndpointSlice {
+        EndpointSlice {
+            address_type: "IPv4".into(),
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("loyalty".into()),
+                labels: Some(BTreeMap::from([
+                    (LABEL_SERVICE_NAME.to_owned(), "loyalty-accrual".to_owned()),
+                    (LABEL_SOURCE_CLUSTER.to_owned(), cluster.to_owned()),
+                ])),
+                ..Default::default()
+            },
+            endpoints: ips
+                .iter()
+                .map(|(ip, ready)| SliceEndpoint {
+                    addresses: vec![(*ip).into()],
+                    conditions: Some(EndpointConditions {
+                        ready: Some(*ready),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                })
+                .collect(),
+            ports: Some(
+                ports
+                    .iter()
+                    .map(|(n, p)| EndpointPort {
+                        name: Some((*n).into()),
+                        port: Some(*p),
+                        protocol: Some("TCP".into()),
+                        app_protocol: None,
+                    })
+                    .collect(),
+            ),
+        }
+    }
+
+    fn addrs(update: &Update) -> Vec<(String, String, bool)> {
+        match update {
+            Update::Reset(list) => list
+                .iter()
+                .map(|e| (e.cluster.to_string(), e.addr.to_string(), e.ready))
+                .collect(),
+            other => panic!("expected a reset, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn endpoints_follow_the_import_port_and_the_slices_that_carry_it() {
+        let import = import(&[("grpc", 9443), ("admin", 9444)]);
+        let slices = [
+            slice(
+                "e",
+                "east",
+                &[("10.10.0.1", true), ("10.10.0.2", false)],
+                &[("grpc", 8443)],
+            ),
+            slice(
+                "w",
+                "west",
+                &[("10.20.0.1", true)],
+                &[("grpc", 8443), ("admin", 8444)],
+            ),
+            // Another service's slice in the same namespace, and one in another namespace.
+            {
+                let mut s = slice("x", "east", &[("10.10.9.9", true)], &[("grpc", 8443)]);
+                s.metadata
+                    .labels
+                    .as_mut()
+                    .unwrap()
+                    .insert(LABEL_SERVICE_NAME.into(), "other".into());
+                s
+            },
+            {
+                let mut s = slice("y", "east", &[("10.10.9.8", true)], &[("grpc", 8443)]);
+                s.metadata.namespace = Some("elsewhere".into());
+                s
+            },
+        ];
+        assert_eq!(
+            addrs(&endpoints(&target(9443), Some(&import), &slices)),
+            [
+                ("east".to_owned(), "10.10.0.1:8443".to_owned(), true),
+                ("east".to_owned(), "10.10.0.2:8443".to_owned(), false),
+                ("west".to_owned(), "10.20.0.1:8443".to_owned(), true),
+            ]
+        );
+        assert_eq!(
+            addrs(&endpoints(&target(9444), Some(&import), &slices)),
+            [("west".to_owned(), "10.20.0.1:8444".to_owned(), true)],
+            "only the cluster exposing admin"
+        );
+        assert!(addrs(&endpoints(&target(1), Some(&import), &slices)).is_empty());
+        assert_eq!(
+            endpoints(&target(9443), None, &slices),
+            Update::DoesNotExist
+        );
+    }
+
+    #[tokio::test]
+    async fn the_snapshot_resolver_sends_each_new_set_once() {
+        let (tx, rx) = watch::channel(ImportedObjects::default());
+        let mut updates = SnapshotResolver::new(rx).resolve(&target(9443));
+        assert_eq!(updates.next().await.unwrap().unwrap(), Update::DoesNotExist);
+        let mut objects = ImportedObjects {
+            imports: vec![import(&[("grpc", 9443)])],
+            slices: vec![slice(
+                "e",
+                "east",
+                &[("10.10.0.1", true)],
+                &[("grpc", 9443)],
+            )],
+        };
+        tx.send_replace(objects.clone());
+        let first = updates.next().await.unwrap().unwrap();
+        assert_eq!(
+            addrs(&first),
+            [("east".to_owned(), "10.10.0.1:9443".to_owned(), true)]
+        );
+        // The same set again is not sent; the next change is.
+        tx.send_replace(objects.clone());
+        objects.slices.push(slice(
+            "w",
+            "west",
+            &[("10.20.0.1", true)],
+            &[("grpc", 9443)],
+        ));
+        tx.send_replace(objects);
+        let second = updates.next().await.unwrap().unwrap();
+        assert_eq!(addrs(&second).len(), 2, "{second:?}");
+        drop(tx);
+        assert!(
+            updates.next().await.is_none(),
+            "ends when the objects' sender is gone"
+        );
     }
 }
