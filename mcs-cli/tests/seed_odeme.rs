@@ -54,6 +54,7 @@ async fn start(name: &str, pods: &str, services: &str) -> TestCluster {
         install_crds: true,
         service_cidr: services.to_owned(),
         pod_cidr: Some(pods.to_owned()),
+        ..Default::default()
     };
     let cluster = support::start_clusters_with(&[name], options)
         .await

@@ -73,7 +73,8 @@ impl Classify {
 pub(crate) enum FailureKind {
     /// No connection could be made, or TLS refused it: the request was not processed.
     Connect,
-    /// A connection existed but the request was not sent on it (hyper "canceled").
+    /// A connection existed but the request was not sent on it (hyper "canceled"), or the
+    /// HTTP/2 server says it did not process it.
     NotSent,
     /// The connection closed before the response head arrived; the request may have been
     /// processed.
@@ -101,6 +102,17 @@ impl FailureKind {
                 }
                 if e.is_incomplete_message() {
                     return Self::Closed;
+                }
+            } else if let Some(e) = e.downcast_ref::<h2::Error>() {
+                // HTTP/2 says when a stream was not processed (RFC 9113 section 8.7): it
+                // was refused (REFUSED_STREAM), or it lies above the last stream id of the
+                // server's GOAWAY (a graceful shutdown: h2 fails those streams with the
+                // GOAWAY's NO_ERROR). Either is safe to send again, whatever the method.
+                let refused = e.is_reset() && e.reason() == Some(h2::Reason::REFUSED_STREAM);
+                let above_go_away =
+                    e.is_go_away() && e.is_remote() && e.reason() == Some(h2::Reason::NO_ERROR);
+                if refused || above_go_away {
+                    return Self::NotSent;
                 }
             } else if let Some(e) = e.downcast_ref::<std::io::Error>() {
                 use std::io::ErrorKind::*;

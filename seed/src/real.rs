@@ -124,6 +124,7 @@ impl Real {
                 install_crds: true,
                 service_cidr: services.to_owned(),
                 pod_cidr: Some(pods.to_owned()),
+                ..Default::default()
             };
             support::start_clusters_with(&[name], options).await
         });
