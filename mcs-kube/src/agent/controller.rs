@@ -15,6 +15,7 @@ use futures::{FutureExt, StreamExt};
 use kube::runtime::scheduler::{ScheduleRequest, Scheduler, scheduler};
 use mcs_core::name::ServiceRef;
 use tokio::sync::mpsc;
+use tracing::Instrument;
 
 use super::health::retry_delay;
 use super::index::Touched;
@@ -359,12 +360,15 @@ async fn work(
             }
         }
         Due::Reconcile(service) => {
-            let _span = tracing::debug_span!("reconcile", service = %service).entered();
-            state.update_merge(&service);
-            let plan = reconcile::plan(&state.inputs_for(&service, now));
-            drop(_span);
+            // One span per reconcile, naming the service: the merge, the plan and the
+            // writes (what the writer logs carries it).
+            let span = tracing::debug_span!("reconcile", service = %service);
+            let plan = span.in_scope(|| {
+                state.update_merge(&service);
+                reconcile::plan(&state.inputs_for(&service, now))
+            });
             metrics.reconciled();
-            let result = writer.execute(&service, plan).await;
+            let result = writer.execute(&service, plan).instrument(span).await;
             if let Some(p) = pass.as_mut() {
                 p.remaining.remove(&service);
             }
