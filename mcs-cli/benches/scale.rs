@@ -613,15 +613,20 @@ async fn hub_cpu(hub: &TestCluster) -> f64 {
         .sum()
 }
 
-async fn run_hub(cfg: &Config, rows: &mut Vec<Row>, memory: &mut Vec<String>) {
-    let names = ["hub", "east", "west", "north"];
-    let opts = ClusterOptions {
+/// The bench's clusters: CRDs, no controller manager (the bench writes EndpointSlices),
+/// room for 1,000 unexported Services, the exported ones and their derived Services.
+fn cluster_options() -> ClusterOptions {
+    ClusterOptions {
         controller_manager: false,
         install_crds: true,
-        // 1,000 unexported Services, the exported ones and their derived Services.
         service_cidr: SERVICE_CIDR.to_owned(),
         ..Default::default()
-    };
+    }
+}
+
+async fn run_hub(cfg: &Config, rows: &mut Vec<Row>, memory: &mut Vec<String>) {
+    let names = ["hub", "east", "west", "north"];
+    let opts = cluster_options();
     let clusters = support::start_clusters_with(&names, opts).await;
     let hub = &clusters[0];
     let members = &clusters[1..];
@@ -778,13 +783,7 @@ async fn run_mesh(n: usize, cfg: &Config, rows: &mut Vec<Row>, memory: &mut Vec<
         .take(n)
         .collect();
     let names: Vec<&str> = ids.iter().map(String::as_str).collect();
-    let opts = ClusterOptions {
-        controller_manager: false,
-        install_crds: true,
-        // 1,000 unexported Services, the exported ones and their derived Services.
-        service_cidr: SERVICE_CIDR.to_owned(),
-        ..Default::default()
-    };
+    let opts = cluster_options();
     let clusters = support::start_clusters_with(&names, opts).await;
     let mut clients = Vec::new();
     for c in &clusters {
