@@ -170,9 +170,15 @@ pub(crate) trait ClusterSet {
         cluster: &ClusterId,
         export: v1alpha1::ServiceExport,
     ) -> Result<(), String>;
-    /// A pod of `loyalty-accrual` is running and ready with this name and address.
-    async fn pod_up(&mut self, cluster: &ClusterId, name: &str, ip: Ipv4Addr)
-    -> Result<(), String>;
+    /// A pod of `loyalty-accrual` with this name is running and ready; returns its
+    /// address: `ip` where the backend lets the scenario choose it, else the address the
+    /// cluster gave the pod.
+    async fn pod_up(
+        &mut self,
+        cluster: &ClusterId,
+        name: &str,
+        ip: Ipv4Addr,
+    ) -> Result<Ipv4Addr, String>;
     /// A pod's readiness changed.
     async fn pod_ready(
         &mut self,
@@ -484,7 +490,8 @@ pub(crate) async fn scenario<S: ClusterSet>(
     Ok(())
 }
 
-/// Starts `n` pods in `cluster` with addresses `<net>.1` to `<net>.n` and reports them up.
+/// Starts `n` pods in `cluster` (addresses `<net>.1` to `<net>.n` where the backend lets
+/// the scenario choose).
 async fn start_pods<S: ClusterSet>(
     set: &mut S,
     cluster: &ClusterId,
@@ -493,10 +500,13 @@ async fn start_pods<S: ClusterSet>(
 ) -> Result<Vec<Pod>, String> {
     let mut pods = Vec::new();
     for i in 1..=n {
-        let ip = Ipv4Addr::new(net[0], net[1], net[2], i);
+        let proposed = Ipv4Addr::new(net[0], net[1], net[2], i);
         let name = format!("{SERVICE}-{}-{i}", net[2]);
+        // The pod's containers start once it has its address (a real cluster's may be
+        // another than the one proposed), long before the pod's endpoint has travelled
+        // through the EndpointSlice, the agents and a checkout's resolver.
+        let ip = set.pod_up(cluster, &name, proposed).await?;
         let pod = Pod::start(set.network(), cluster.as_str(), &name, ip, &[GRPC, ADMIN]).await?;
-        set.pod_up(cluster, &name, ip).await?;
         pods.push(pod);
     }
     Ok(pods)

@@ -192,13 +192,14 @@ impl ClusterSet for Memory {
         cluster: &ClusterId,
         name: &str,
         ip: Ipv4Addr,
-    ) -> Result<(), String> {
+    ) -> Result<Ipv4Addr, String> {
         self.tick();
         self.pods
             .entry(cluster.clone())
             .or_default()
             .insert(name.to_owned(), PodObject { ip, ready: true });
-        self.endpoint_slices(cluster)
+        self.endpoint_slices(cluster)?;
+        Ok(ip)
     }
 
     async fn pod_ready(

@@ -1,23 +1,24 @@
 //! The scenario's ClusterSet on real API servers.
 //!
-//! Three clusters from mcs-kube's test harness (etcd, kube-apiserver and
-//! kube-controller-manager from `scripts/k8s-bins.sh`, each with its own pod and service
-//! CIDR), a ClusterProperty `cluster.clusterset.k8s.io` in each, one `mcs-agent` process per
-//! cluster (its id from that property, every member's kubeconfig), and an `mcs-dns` process
-//! for north. Pods are Pod objects made Running and Ready by the harness (no kubelet runs),
-//! so kube-controller-manager publishes their EndpointSlices; the checkouts resolve with
-//! [`KubeResolver`] on their own cluster.
+//! Three clusters from mcs-kube's test harness (etcd, kube-apiserver,
+//! kube-controller-manager and kube-scheduler from `scripts/k8s-bins.sh`, kwok from
+//! `scripts/kwok-coredns-bins.sh`, each cluster with its own pod and service CIDR), a
+//! ClusterProperty `cluster.clusterset.k8s.io` in each, one `mcs-agent` process per cluster
+//! (its id from that property, every member's kubeconfig), and an `mcs-dns` process for
+//! north. Pods are real Pod objects that kube-scheduler binds to the cluster's kwok Node and
+//! kwok runs (Running, Ready, an address from the Node's pod CIDR; readiness and deletion
+//! go through their normal course), so kube-controller-manager publishes their
+//! EndpointSlices; the checkouts resolve with [`KubeResolver`] on their own cluster.
 //!
-//! The API server refuses loopback addresses in EndpointSlices, which is why the pods have
-//! addresses from their cluster's pod CIDR and the checkouts dial them through
-//! [`Network`].
+//! Nothing listens on a pod's address: its containers are gRPC servers on loopback, and the
+//! checkouts dial pod addresses through [`Network`].
 
 #[path = "../../mcs-kube/tests/support/mod.rs"]
 #[allow(clippy::all, missing_docs, unused_qualifications)]
 mod support;
 
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -74,6 +75,12 @@ impl Binaries {
         let k8s = quietly(support::bin_dir)
             .map_err(|message| format!("the Kubernetes binaries are missing: {message}"))?;
         let kubectl_hint = k8s.display();
+        for (what, find) in [
+            ("kwok", support::kwok_bin as fn() -> PathBuf),
+            ("kwok's stages", support::kwok_stages),
+        ] {
+            quietly(find).map_err(|message| format!("{what} is missing: {message}"))?;
+        }
         let cli = |name: &str| -> Result<PathBuf, String> {
             if let Some(dir) = std::env::var_os("MCS_CLI_BIN") {
                 let path = Path::new(&dir).join(name);
@@ -125,7 +132,8 @@ impl Real {
                 service_cidr: services.to_owned(),
                 pod_cidr: Some(pods.to_owned()),
                 ..Default::default()
-            };
+            }
+            .with_pods();
             support::start_clusters_with(&[name], options).await
         });
         let mut clusters = BTreeMap::new();
@@ -279,19 +287,22 @@ impl ClusterSet for Real {
         &mut self,
         cluster: &ClusterId,
         name: &str,
-        ip: Ipv4Addr,
-    ) -> Result<(), String> {
-        let ports = [("grpc", i32::from(GRPC)), ("admin", i32::from(ADMIN))];
-        support::create_ready_pod(
-            self.client(cluster)?,
-            NAMESPACE,
-            name,
-            &[("app", SERVICE)],
-            &ip.to_string(),
-            &ports,
-        )
-        .await;
-        Ok(())
+        _proposed: Ipv4Addr,
+    ) -> Result<Ipv4Addr, String> {
+        // A Pod as a controller would make it: kube-scheduler binds it to the cluster's
+        // kwok Node, kwok runs it (Running, Ready, an address from the Node's pod CIDR).
+        let client = self.client(cluster)?.clone();
+        support::create(&client, NAMESPACE, &pod(name)).await;
+        let pods =
+            support::wait_ready_pods(&client, NAMESPACE, &format!("{POD_LABEL}={name}"), 1).await;
+        pods.first()
+            .into_iter()
+            .flat_map(support::pod_ips)
+            .find_map(|ip| match ip {
+                IpAddr::V4(v4) => Some(v4),
+                IpAddr::V6(_) => None,
+            })
+            .ok_or_else(|| format!("{cluster}: pod {NAMESPACE}/{name} got no IPv4 address"))
     }
 
     async fn pod_ready(
@@ -300,12 +311,12 @@ impl ClusterSet for Real {
         name: &str,
         ready: bool,
     ) -> Result<(), String> {
-        support::set_pod_status(self.client(cluster)?, NAMESPACE, name, None, ready).await;
+        support::set_pod_ready(self.client(cluster)?, NAMESPACE, name, ready).await;
         Ok(())
     }
 
     async fn pod_gone(&mut self, cluster: &ClusterId, name: &str) -> Result<(), String> {
-        support::delete_pod_now(self.client(cluster)?, NAMESPACE, name).await;
+        support::delete_pod(self.client(cluster)?, NAMESPACE, name).await;
         Ok(())
     }
 
@@ -414,4 +425,37 @@ fn quietly<T>(f: impl FnOnce() -> T + std::panic::UnwindSafe) -> Result<T, Strin
             .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
             .unwrap_or_else(|| "unknown".to_owned())
     })
+}
+
+/// The label naming one scenario pod (the Service selects `app`).
+const POD_LABEL: &str = "mcs-seed/pod";
+
+/// A `loyalty-accrual` pod with its two container ports, for kwok to run.
+fn pod(name: &str) -> k8s_openapi::api::core::v1::Pod {
+    use k8s_openapi::api::core::v1::{Container, ContainerPort, Pod, PodSpec};
+    let port = |name: &str, port: u16| ContainerPort {
+        name: Some(name.to_owned()),
+        container_port: i32::from(port),
+        ..Default::default()
+    };
+    Pod {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.to_owned()),
+            labels: Some(BTreeMap::from([
+                ("app".to_owned(), SERVICE.to_owned()),
+                (POD_LABEL.to_owned(), name.to_owned()),
+            ])),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![Container {
+                name: "accrual".to_owned(),
+                image: Some("loyalty-accrual:seed".to_owned()),
+                ports: Some(vec![port("grpc", GRPC), port("admin", ADMIN)]),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        status: None,
+    }
 }
