@@ -366,6 +366,82 @@ async fn a_hub_outage_removes_nothing_and_state_resyncs_when_it_is_back() {
     }
 }
 
+/// A member joining: `deploy/rbac/hub-member.yaml` creates its namespace on the hub before
+/// the RoleBinding that lets the others read it, and an operator may forget the rest. The
+/// others neither stall nor call the hub down meanwhile; once the RoleBinding exists, the
+/// new member's records are imported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_namespace_the_others_may_not_read_holds_nobody_back() {
+    use k8s_openapi::api::core::v1::Namespace;
+    use kube::api::ObjectMeta;
+    use mcs_core::ClusterId;
+    use mcs_core::name::ServiceRef;
+    use mcs_kube::hub::publish::Publisher;
+
+    let set = ClusterSet::start_in(Topo::Hub, &["east", "west", "north"], false).await;
+    let admin = set.hub().admin.clone();
+    let namespace = Namespace {
+        metadata: ObjectMeta {
+            name: Some("mcs-member-south".into()),
+            labels: Some([("hub.mcs.dev/member".to_owned(), "south".to_owned())].into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<Namespace>::all(admin.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .expect("south's namespace on the hub");
+    // The others go on: exports made now reach north.
+    offer_both(&set).await;
+    for i in 0..3 {
+        if let Err(reason) = set.agent_readiness(i) {
+            assert!(
+                !reason.contains("hub is unreachable"),
+                "{}: {reason}",
+                set.ids[i]
+            );
+        }
+    }
+    // The rest of south's hub RBAC, then its record (east's, with south's address) and Lease.
+    for obj in support::manifest_with("deploy/rbac/hub-member.yaml", &[("MEMBER_ID", "south")]) {
+        support::apply(&admin, &obj).await;
+    }
+    let south = ClusterId::new("south").unwrap();
+    let publisher = Publisher::new(
+        hub_identity(&set.hub().cluster, &south).await,
+        &south,
+        "mcs-test",
+    );
+    let mut record = Api::<MemberExport>::namespaced(admin.clone(), "mcs-member-east")
+        .get("loyalty.accrual")
+        .await
+        .expect("east's record");
+    record.metadata = ObjectMeta {
+        name: record.metadata.name.clone(),
+        labels: record.metadata.labels.clone().map(|mut l| {
+            l.insert("hub.mcs.dev/cluster".into(), "south".into());
+            l
+        }),
+        ..Default::default()
+    };
+    record.spec.cluster = "south".into();
+    for slice in &mut record.spec.slices {
+        for e in &mut slice.endpoints {
+            e.addresses = vec!["10.40.0.5".into()];
+        }
+    }
+    publisher
+        .renew_lease(Duration::from_secs(40))
+        .await
+        .expect("south's Lease");
+    publisher
+        .publish(&ServiceRef::new(NS, "accrual").unwrap(), Some(record), None)
+        .await
+        .expect("south's record");
+    wait_endpoints(&set, 2, "south", &["10.40.0.5"]).await;
+}
+
 /// How long the agents may take to resume after the hub comes back: the hub watches retry
 /// at most every 10 s, and a resumed watch may first be told its version is too old (HTTP
 /// 410) and re-list after one more retry.

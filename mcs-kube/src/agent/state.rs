@@ -184,22 +184,15 @@ impl State {
                     }
                 }
             }
-            Some((Origin::Member(id), kind)) => {
-                if let Some(m) = self.members.get_mut(&id) {
-                    m.health.watch_errors.remove(kind);
-                    if m.health.watch_errors.is_empty() && m.health.watch_failing_since.is_some() {
-                        m.health.watch_failing_since = None;
-                        changes.members = true;
-                        if id != local {
-                            tracing::info!(cluster = %id, "member reachable again");
-                            // Imports reconciled during the outage say the member is
-                            // unreachable: reconcile its services again.
-                            changes.reconcile.extend(m.exports.services().cloned());
-                        }
-                    }
-                }
-            }
+            Some((Origin::Member(id), kind)) => self.member_watch_ok(&id, kind, &mut changes),
             None => {}
+        }
+        // A member's watches on the hub: a refusal (403) of them was the member's (see
+        // `source::hub`), so an event also clears that.
+        match &fact {
+            Fact::Record(id, _) => self.member_watch_ok(id, KIND_RECORD, &mut changes),
+            Fact::Lease(id, _) => self.member_watch_ok(id, KIND_LEASE, &mut changes),
+            _ => {}
         }
         match fact {
             Fact::Export(id, e) => {
@@ -318,6 +311,27 @@ impl State {
         changes
     }
 
+    /// A watch of member `id`'s of this `kind` works (again).
+    fn member_watch_ok(&mut self, id: &ClusterId, kind: &'static str, changes: &mut Changes) {
+        let local = &self.settings.local;
+        let Some(m) = self.members.get_mut(id) else {
+            return;
+        };
+        if m.health.watch_errors.remove(kind).is_none() {
+            return;
+        }
+        if m.health.watch_errors.is_empty() && m.health.watch_failing_since.is_some() {
+            m.health.watch_failing_since = None;
+            changes.members = true;
+            if id != local {
+                tracing::info!(cluster = %id, "member reachable again");
+                // Imports reconciled during the outage say the member is unreachable:
+                // reconcile its services again.
+                changes.reconcile.extend(m.exports.services().cloned());
+            }
+        }
+    }
+
     /// Judges every member at `now`: removes the endpoints of those failing for longer than
     /// the grace period, restores those that recovered. Returns the services to reconcile
     /// and when to judge again.
@@ -366,7 +380,16 @@ impl State {
                     Mode::Hub if *id == self.settings.local => {
                         m.exports.is_listed() && self.awaited().is_empty()
                     }
-                    Mode::Hub => m.exports.is_listed() && m.lease_listed,
+                    // A member whose namespace the hub refuses to show (its reader
+                    // RoleBinding is missing) holds nobody back: it has no records here,
+                    // and it is removed after the grace period like any failing member.
+                    Mode::Hub => {
+                        (m.exports.is_listed() && m.lease_listed)
+                            || m.health
+                                .watch_errors
+                                .values()
+                                .any(|(_, forbidden)| *forbidden)
+                    }
                 }
         });
         let hub = match self.settings.mode {
@@ -955,12 +978,23 @@ impl State {
                 !was_down
             }
             Origin::Member(id) => {
-                let Some(m) = self.members.get_mut(&id) else {
-                    return false;
+                let hub_mode = self.settings.mode == Mode::Hub;
+                let m = match self.members.get_mut(&id) {
+                    Some(m) => m,
+                    // Hub: a member's namespace the hub refuses to show, before any record.
+                    None if hub_mode => self
+                        .members
+                        .entry(id.clone())
+                        .or_insert_with(MemberState::new),
+                    None => return false,
                 };
                 let known = m.health.watch_errors.contains_key(kind);
                 if forbidden && !known {
-                    tracing::error!(cluster = %id, kind, error, "watch forbidden (403): the identity used for this cluster lacks a permission (deploy/rbac/agent-local.yaml in the agent's own cluster, agent-peer-reader.yaml in a peer)");
+                    if hub_mode {
+                        tracing::warn!(cluster = %id, kind, error, "the hub refuses to show this member's namespace (403): its reader RoleBinding (deploy/rbac/hub-member.yaml) is missing, or not applied yet; the member counts as failing until it is");
+                    } else {
+                        tracing::error!(cluster = %id, kind, error, "watch forbidden (403): the identity used for this cluster lacks a permission (deploy/rbac/agent-local.yaml in the agent's own cluster, agent-peer-reader.yaml in a peer)");
+                    }
                 }
                 m.health
                     .watch_errors

@@ -135,7 +135,8 @@ fn watch_member(
     let (m1, m2) = (member.clone(), member.clone());
     let a = children.spawn(async move {
         let stream = watcher::watcher(records, watcher::Config::default()).backoff(hub_backoff());
-        forward(stream, tx1, Origin::Hub, KIND_RECORD, move |e| {
+        let errors = m1.clone();
+        forward_member(stream, tx1, errors, KIND_RECORD, move |e| {
             Fact::Record(m1.clone(), e)
         })
         .await;
@@ -143,10 +144,44 @@ fn watch_member(
     let b = children.spawn(async move {
         let config = watcher::Config::default().fields(&format!("metadata.name={LEASE_NAME}"));
         let stream = watcher::watcher(leases, config).backoff(hub_backoff());
-        forward(stream, tx2, Origin::Hub, KIND_LEASE, move |e| {
+        let errors = m2.clone();
+        forward_member(stream, tx2, errors, KIND_LEASE, move |e| {
             Fact::Lease(m2.clone(), e)
         })
         .await;
     });
     [a, b]
+}
+
+/// [`forward`] for the watches of one member's namespace on the hub. A refusal (403) is
+/// that member's problem, not the hub's: its namespace exists but the member's reader
+/// RoleBinding does not (yet: `deploy/rbac/hub-member.yaml` creates the namespace first),
+/// so it counts as a failing member. Other errors mean the hub is not answering.
+async fn forward_member<K, F>(
+    stream: impl futures::Stream<Item = Result<Event<K>, watcher::Error>>,
+    tx: Tx,
+    member: ClusterId,
+    kind: &'static str,
+    wrap: F,
+) where
+    F: Fn(Event<K>) -> Fact,
+{
+    let mut stream = std::pin::pin!(stream);
+    while let Some(event) = stream.next().await {
+        let fact = match event {
+            Ok(event) => wrap(event),
+            Err(e) => {
+                let (error, forbidden) = super::describe_watch_error(&e);
+                let origin = if forbidden {
+                    Origin::Member(member.clone())
+                } else {
+                    Origin::Hub
+                };
+                Fact::WatchError(origin, kind, error, forbidden)
+            }
+        };
+        if tx.send(fact).await.is_err() {
+            return;
+        }
+    }
 }
