@@ -14,9 +14,9 @@
 //! [`Http`] is the factory most users want: a hyper-util client per endpoint, built from one
 //! `hyper_util::client::legacy::Builder`, over a [`MakeConnector`]:
 //! - [`Tcp`]: plaintext HTTP/1 and HTTP/2 (h2c with `http2_only`);
-//! - [`Tls`](crate::connect::Tls) (feature `tls`): https and mTLS on rustls, with the
+//! - [`Tls`] (feature `tls`): https and mTLS on rustls, with the
 //!   server name per service or by a function, a configuration that can be replaced at run
-//!   time, and typed [`TlsError`](crate::connect::TlsError)s;
+//!   time, and typed [`TlsError`]s;
 //! - any closure `Fn(Option<&EndpointTarget>) -> C` returning a hyper-util connector, for
 //!   example hyper-rustls's `HttpsConnector` wrapped around [`EndpointTarget::dial`].
 //!

@@ -18,14 +18,14 @@
 //! Writes are server-side applies with one field manager and are skipped when nothing
 //! changed, so the agent never loops on its own writes. Nothing is written into a namespace
 //! that is being terminated; the API server's refusal to create there (HTTP 403, cause
-//! `NamespaceTerminating`) is that expected state, not a missing permission. It deletes only objects it labelled
-//! as its own. A member whose watches fail keeps its endpoints for a grace period (default
+//! `NamespaceTerminating`) is that expected state, not a missing permission. It deletes only
+//! objects it labelled as its own. A member whose watches fail keeps its endpoints for a grace period (default
 //! 60 s); then they are removed and the import's `Ready` condition says so; when the member
 //! answers again, state converges without a restart.
 //!
-//! Modules: [`desired`] and [`reconcile`] decide (no I/O); [`index`] holds watch state;
-//! the controller and writer only wire watches, decisions and writes together. [`plan`]
-//! runs the same decisions over in-memory clusters.
+//! Modules: [`desired`] and `reconcile` decide (no I/O); `index` holds watch state; the
+//! controller and writer only wire watches, decisions and writes together. [`plan`] runs the
+//! same decisions over in-memory clusters.
 
 pub mod cidr;
 mod controller;
