@@ -16,9 +16,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use hickory_server::net::runtime::Time;
+use hickory_server::net::xfer::Protocol;
 use hickory_server::proto::op::{Edns, Metadata, OpCode, ResponseCode};
 use hickory_server::proto::rr::rdata::{A, AAAA, NS, SOA, SRV, TXT};
 use hickory_server::proto::rr::{DNSClass, Name, RData, Record, RecordType};
+use hickory_server::proto::serialize::binary::BinEncodable;
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
 use hickory_server::zone_handler::MessageResponseBuilder;
 use mcs_core::dns::{self, Answer, QueryType, Rcode, ZoneData};
@@ -170,13 +172,20 @@ impl RequestHandler for Handler {
         let Some(answer) = answer else {
             return self.send_error(request, builder, code, response).await;
         };
-        let answers = to_records(&answer.answers);
-        let authority = to_records(&answer.authority);
-        let additionals = to_records(&answer.additionals);
+        let mut answers = to_records(&answer.answers);
+        let mut authority = to_records(&answer.authority);
+        let mut additionals = to_records(&answer.additionals);
         let mut metadata = Metadata::response_from_request(&request.metadata);
         metadata.response_code = code;
         metadata.authoritative = answer.authoritative;
         metadata.recursion_available = false;
+        if let (Protocol::Udp, Some(edns)) = (request.protocol(), resp_edns.as_ref()) {
+            metadata.truncation = fit_with_opt(
+                usize::from(edns.max_payload()),
+                request,
+                &mut [&mut answers, &mut authority, &mut additionals],
+            );
+        }
         let message = builder.build(
             metadata,
             answers.iter(),
@@ -225,6 +234,49 @@ impl Handler {
             }
         }
     }
+}
+
+/// The bytes of an OPT record without options.
+const OPT_BYTES: usize = 11;
+
+/// Keeps a UDP answer to an EDNS query within `limit` bytes *with* its OPT record (RFC 6891
+/// section 7: a truncated answer still carries it). hickory truncates by emitting records
+/// until the buffer is full, which can leave no room for the OPT record that comes last.
+/// When the records, counted without name compression, could overflow, whole records are
+/// dropped from the end (additionals, then authority, then answers) until they fit with
+/// room for the OPT record; returns whether any was (the TC bit). Small answers, the usual
+/// case, cost one size estimate.
+fn fit_with_opt(limit: usize, request: &Request, sections: &mut [&mut Vec<Record>]) -> bool {
+    let size = |r: &Record| r.to_bytes().map_or(usize::MAX / 4, |b| b.len());
+    // The question section as the request carried it (the response repeats it).
+    let question = request.queries.as_bytes().len();
+    let budget = limit.saturating_sub(12 + question + OPT_BYTES);
+    let sizes: Vec<Vec<usize>> = sections
+        .iter()
+        .map(|records| records.iter().map(size).collect())
+        .collect();
+    if sizes.iter().flatten().sum::<usize>() <= budget {
+        return false;
+    }
+    // Keep records in section order while they fit.
+    let mut used = 0;
+    let mut truncated = false;
+    for (records, sizes) in sections.iter_mut().zip(&sizes) {
+        let keep = sizes
+            .iter()
+            .take_while(|n| {
+                let fits = !truncated && used + **n <= budget;
+                if fits {
+                    used += **n;
+                } else {
+                    truncated = true;
+                }
+                fits
+            })
+            .count();
+        records.truncate(keep);
+    }
+    truncated
 }
 
 fn query_type(t: RecordType) -> QueryType {
