@@ -245,29 +245,26 @@ const OPT_BYTES: usize = 11;
 /// When the records, counted without name compression, could overflow, whole records are
 /// dropped from the end (additionals, then authority, then answers) until they fit with
 /// room for the OPT record; returns whether any was (the TC bit). Small answers, the usual
-/// case, cost one size estimate.
+/// case, cost one size estimate per record (no encoding, no allocation).
 fn fit_with_opt(limit: usize, request: &Request, sections: &mut [&mut Vec<Record>]) -> bool {
-    let size = |r: &Record| r.to_bytes().map_or(usize::MAX / 4, |b| b.len());
     // The question section as the request carried it (the response repeats it).
     let question = request.queries.as_bytes().len();
     let budget = limit.saturating_sub(12 + question + OPT_BYTES);
-    let sizes: Vec<Vec<usize>> = sections
-        .iter()
-        .map(|records| records.iter().map(size).collect())
-        .collect();
-    if sizes.iter().flatten().sum::<usize>() <= budget {
+    let total: usize = sections.iter().flat_map(|r| r.iter()).map(wire_bound).sum();
+    if total <= budget {
         return false;
     }
-    // Keep records in section order while they fit.
+    // Keep records in section order while they fit; once one does not, none after it.
     let mut used = 0;
     let mut truncated = false;
-    for (records, sizes) in sections.iter_mut().zip(&sizes) {
-        let keep = sizes
+    for records in sections.iter_mut() {
+        let keep = records
             .iter()
-            .take_while(|n| {
-                let fits = !truncated && used + **n <= budget;
+            .take_while(|r| {
+                let n = wire_bound(r);
+                let fits = !truncated && used + n <= budget;
                 if fits {
-                    used += **n;
+                    used += n;
                 } else {
                     truncated = true;
                 }
@@ -277,6 +274,24 @@ fn fit_with_opt(limit: usize, request: &Request, sections: &mut [&mut Vec<Record
         records.truncate(keep);
     }
     truncated
+}
+
+/// At least the bytes `record` takes on the wire, without allocating: its owner name and
+/// rdata uncompressed (a name's text length plus one), plus type, class, TTL and rdata
+/// length (10 bytes).
+fn wire_bound(record: &Record) -> usize {
+    let name = |n: &Name| n.len() + 1;
+    let rdata = match &record.data {
+        RData::A(_) => 4,
+        RData::AAAA(_) => 16,
+        RData::SRV(srv) => 6 + name(&srv.target),
+        RData::NS(ns) => name(&ns.0),
+        RData::SOA(soa) => name(&soa.mname) + name(&soa.rname) + 20,
+        RData::TXT(txt) => txt.txt_data.iter().map(|t| t.len() + 1).sum(),
+        // Not among the records the handler makes (`to_records`); encoded to be sure.
+        other => other.to_bytes().map_or(usize::MAX / 4, |b| b.len()),
+    };
+    name(&record.name) + 10 + rdata
 }
 
 fn query_type(t: RecordType) -> QueryType {
