@@ -12,7 +12,9 @@ use kube::runtime::watcher::{self, Event};
 use mcs_core::ClusterId;
 use tokio::task::AbortHandle;
 
-use super::{Fact, KIND_LEASE, KIND_MEMBERS, KIND_OWN_RECORD, KIND_RECORD, Origin, Tx, forward};
+use super::{
+    Fact, KIND_LEASE, KIND_MEMBERS, KIND_OWN_RECORD, KIND_RECORD, Origin, Tx, forward, forward_with,
+};
 
 /// Retries of the hub's watches: from 0.8 s, doubling, at most 10 s, with jitter (the
 /// default's 30 s cap would keep members on stale data for half a minute after a hub
@@ -135,8 +137,8 @@ fn watch_member(
     let (m1, m2) = (member.clone(), member.clone());
     let a = children.spawn(async move {
         let stream = watcher::watcher(records, watcher::Config::default()).backoff(hub_backoff());
-        let errors = m1.clone();
-        forward_member(stream, tx1, errors, KIND_RECORD, move |e| {
+        let errors = member_errors(m1.clone());
+        forward_with(stream, tx1, errors, KIND_RECORD, move |e| {
             Fact::Record(m1.clone(), e)
         })
         .await;
@@ -144,8 +146,8 @@ fn watch_member(
     let b = children.spawn(async move {
         let config = watcher::Config::default().fields(&format!("metadata.name={LEASE_NAME}"));
         let stream = watcher::watcher(leases, config).backoff(hub_backoff());
-        let errors = m2.clone();
-        forward_member(stream, tx2, errors, KIND_LEASE, move |e| {
+        let errors = member_errors(m2.clone());
+        forward_with(stream, tx2, errors, KIND_LEASE, move |e| {
             Fact::Lease(m2.clone(), e)
         })
         .await;
@@ -153,35 +155,16 @@ fn watch_member(
     [a, b]
 }
 
-/// [`forward`] for the watches of one member's namespace on the hub. A refusal (403) is
+/// Where an error of a watch of `member`'s namespace on the hub belongs. A refusal (403) is
 /// that member's problem, not the hub's: its namespace exists but the member's reader
 /// RoleBinding does not (yet: `deploy/rbac/hub-member.yaml` creates the namespace first),
 /// so it counts as a failing member. Other errors mean the hub is not answering.
-async fn forward_member<K, F>(
-    stream: impl futures::Stream<Item = Result<Event<K>, watcher::Error>>,
-    tx: Tx,
-    member: ClusterId,
-    kind: &'static str,
-    wrap: F,
-) where
-    F: Fn(Event<K>) -> Fact,
-{
-    let mut stream = std::pin::pin!(stream);
-    while let Some(event) = stream.next().await {
-        let fact = match event {
-            Ok(event) => wrap(event),
-            Err(e) => {
-                let (error, forbidden) = super::describe_watch_error(&e);
-                let origin = if forbidden {
-                    Origin::Member(member.clone())
-                } else {
-                    Origin::Hub
-                };
-                Fact::WatchError(origin, kind, error, forbidden)
-            }
-        };
-        if tx.send(fact).await.is_err() {
-            return;
+fn member_errors(member: ClusterId) -> impl Fn(bool) -> Origin {
+    move |forbidden| {
+        if forbidden {
+            Origin::Member(member.clone())
+        } else {
+            Origin::Hub
         }
     }
 }
