@@ -41,6 +41,15 @@ enum Due {
 }
 
 impl Due {
+    /// Whether this work may run now: reconciles and member checks once every watch has
+    /// listed, publications once the agent's own exports have.
+    fn may_run(&self, synced: bool, can_publish: bool) -> bool {
+        match self {
+            Due::Publish(_) => can_publish,
+            Due::Reconcile(_) | Due::Members => synced,
+        }
+    }
+
     /// Publications first: every other member waits for them, while a reconcile only
     /// affects this cluster. Then member checks (they may withdraw a dead member's
     /// endpoints), then reconciles in the order they became due.
@@ -231,11 +240,7 @@ pub(super) async fn run(
                 // One batch, urgent work first; then new facts get a look in.
                 for _ in 0..BATCH {
                     let Some(due) = backlog.pop() else { break };
-                    let may_run = match &due {
-                        Due::Publish(_) => state.own_exports_synced(),
-                        Due::Reconcile(_) | Due::Members => state.synced(),
-                    };
-                    if !may_run {
+                    if !due.may_run(state.synced(), state.own_exports_synced()) {
                         // Held by the scheduler until it may.
                         schedule(due, Instant::now());
                         continue;
@@ -308,10 +313,7 @@ async fn next_due<R>(
 where
     R: futures::Stream<Item = ScheduleRequest<Due>>,
 {
-    let mut ready = scheduler.hold_unless(move |due: &Due| match due {
-        Due::Publish(_) => can_publish,
-        Due::Reconcile(_) | Due::Members => synced,
-    });
+    let mut ready = scheduler.hold_unless(move |due: &Due| due.may_run(synced, can_publish));
     ready.next().await
 }
 
