@@ -548,3 +548,44 @@ async fn servfail_until_the_watches_have_listed() {
     let _ = stop.send(());
     task.await.unwrap().unwrap();
 }
+
+/// Four UDP sockets share the port (`SO_REUSEPORT`): the kernel shows four bound to it,
+/// and questions from 64 source ports, which the kernel spreads over the four by source
+/// port, are all answered (a socket with no receive loop would leave about a quarter
+/// unanswered; the chance it gets none of 64 sources is (3/4)^64, about 1e-8).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_udp_socket_sharing_the_port_answers() {
+    let (addr, _zone) = server(DnsConfig::default().udp_sockets(4), true).await;
+    let port = format!(":{:04X} ", addr.port());
+    let bound = std::fs::read_to_string("/proc/net/udp")
+        .unwrap()
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .is_some_and(|local| format!("{local} ").ends_with(&port))
+        })
+        .count();
+    assert_eq!(bound, 4, "UDP sockets bound to {addr}");
+    let question = query(HELLO, RecordType::A);
+    let answers = futures::future::join_all((0..64).map(|_| udp(addr, &question))).await;
+    for raw in answers {
+        let m = Message::from_vec(&raw).unwrap();
+        assert_eq!(m.metadata.response_code, ResponseCode::NoError);
+        assert_eq!(m.answers.len(), 1);
+    }
+    // The TCP listener shares the port with them.
+    let (_, m) = &both(addr, &query(HELLO, RecordType::A)).await[1];
+    assert_eq!(m.answers.len(), 1);
+}
+
+/// One socket (no `SO_REUSEPORT`): a second server cannot take the same port.
+#[tokio::test]
+async fn one_udp_socket_keeps_its_port_to_itself() {
+    let (addr, _zone) = server(DnsConfig::default().udp_sockets(1), true).await;
+    let err = DnsServer::bind(DnsConfig::default().listen(addr).udp_sockets(1))
+        .await
+        .err()
+        .expect("the port is taken");
+    assert!(matches!(err, DnsError::Bind { .. }), "{err}");
+}

@@ -33,6 +33,10 @@ struct Args {
     /// Address for DNS over UDP and TCP.
     #[arg(long, env = "MCS_DNS_LISTEN", default_value = "0.0.0.0:5353")]
     listen: SocketAddr,
+    /// UDP sockets sharing the listen address (SO_REUSEPORT), each with its own receive
+    /// loop (default: one per CPU, at most 8).
+    #[arg(long, env = "MCS_DNS_UDP_SOCKETS")]
+    udp_sockets: Option<usize>,
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, env = "MCS_ADMIN_LISTEN", default_value = "0.0.0.0:9090")]
     admin_listen: SocketAddr,
@@ -54,15 +58,16 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     // Before the server is bound: its counters register with the recorder then.
     let metrics = mcs_cli::install_metrics(mcs_cli::DEFAULT_GAUGE_IDLE)?;
     let client = admin::kube_client(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
-    let server = DnsServer::bind(
-        DnsConfig::default()
-            .zone(zone)
-            .ttl(args.ttl)
-            .max_udp_payload(args.max_udp_payload)
-            .nameserver(args.nameserver)
-            .listen(args.listen),
-    )
-    .await?;
+    let mut config = DnsConfig::default()
+        .zone(zone)
+        .ttl(args.ttl)
+        .max_udp_payload(args.max_udp_payload)
+        .nameserver(args.nameserver)
+        .listen(args.listen);
+    if let Some(sockets) = args.udp_sockets {
+        config = config.udp_sockets(sockets);
+    }
+    let server = DnsServer::bind(config).await?;
     let admin_listener = admin::bind(args.admin_listen).await?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {

@@ -65,6 +65,11 @@ pub struct DnsConfig {
     /// name outside the zone (default [`DEFAULT_NAMESERVER`], `ns.dns.cluster.local.`,
     /// which the cluster's CoreDNS answers with its own address).
     pub nameserver: String,
+    /// How many UDP sockets share [`DnsConfig::listen`] (`SO_REUSEPORT`; default: one per
+    /// available CPU, at most 8). The kernel spreads queries over them by source address
+    /// and port, and each has its own receive loop, so UDP answers use more than one core.
+    /// Platforms without `SO_REUSEPORT` use one.
+    pub udp_sockets: usize,
 }
 
 impl Default for DnsConfig {
@@ -76,6 +81,7 @@ impl Default for DnsConfig {
             tcp_timeout: Duration::from_secs(5),
             max_udp_payload: DEFAULT_MAX_UDP_PAYLOAD,
             nameserver: DEFAULT_NAMESERVER.to_owned(),
+            udp_sockets: std::thread::available_parallelism().map_or(1, |n| n.get().min(8)),
         }
     }
 }
@@ -116,6 +122,13 @@ impl DnsConfig {
         self.listen = listen;
         self
     }
+
+    /// Sets how many UDP sockets share the listen address (values below 1 count as 1).
+    #[must_use]
+    pub fn udp_sockets(mut self, sockets: usize) -> Self {
+        self.udp_sockets = sockets.max(1);
+        self
+    }
 }
 
 /// Errors of the DNS server.
@@ -148,7 +161,7 @@ pub enum DnsError {
 /// A bound DNS server, not yet serving.
 pub struct DnsServer {
     config: DnsConfig,
-    udp: UdpSocket,
+    udp: Vec<UdpSocket>,
     tcp: TcpListener,
     local_addr: SocketAddr,
     data: Arc<RwLock<ZoneData>>,
@@ -157,8 +170,8 @@ pub struct DnsServer {
 }
 
 impl DnsServer {
-    /// Binds UDP and TCP on `config.listen` (the same port for both), after checking the
-    /// settings.
+    /// Binds UDP ([`DnsConfig::udp_sockets`] sockets) and TCP on `config.listen` (the same
+    /// port for all), after checking the settings.
     pub async fn bind(config: DnsConfig) -> Result<Self, DnsError> {
         let mut zone_data = ZoneData::new(config.zone.clone(), config.ttl);
         zone_data
@@ -174,10 +187,8 @@ impl DnsServer {
         let mut attempt = 0;
         let (udp, tcp, local_addr) = loop {
             attempt += 1;
-            let udp = UdpSocket::bind(config.listen)
-                .await
+            let (udp, local_addr) = bind_udp(config.listen, config.udp_sockets)
                 .map_err(|e| bind_err(config.listen, e))?;
-            let local_addr = udp.local_addr().map_err(|e| bind_err(config.listen, e))?;
             match TcpListener::bind(local_addr).await {
                 Ok(tcp) => break (udp, tcp, local_addr),
                 Err(e) if attempt < attempts && e.kind() == std::io::ErrorKind::AddrInUse => {
@@ -256,7 +267,9 @@ impl DnsServer {
             self.config.max_udp_payload.max(512),
         );
         let mut server = Server::new(handler);
-        server.register_socket(self.udp);
+        for udp in self.udp {
+            server.register_socket(udp);
+        }
         server.register_listener(self.tcp, self.config.tcp_timeout, 64);
         tracing::info!(addr = %self.local_addr, zone = %self.config.zone, "DNS server listening");
         let result = tokio::select! {
@@ -268,6 +281,35 @@ impl DnsServer {
         self.synced.store(false, Ordering::Relaxed);
         result
     }
+}
+
+/// Binds `count` UDP sockets to `listen` with `SO_REUSEPORT` (one without it where the
+/// platform lacks it); with port 0 the first picks the port and the others join it.
+fn bind_udp(listen: SocketAddr, count: usize) -> std::io::Result<(Vec<UdpSocket>, SocketAddr)> {
+    let count = if cfg!(unix) { count.max(1) } else { 1 };
+    let mut sockets = Vec::with_capacity(count);
+    let mut addr = listen;
+    for _ in 0..count {
+        let socket = std::net::UdpSocket::from(reuse_port_socket(addr, count > 1)?);
+        socket.set_nonblocking(true)?;
+        let socket = UdpSocket::from_std(socket)?;
+        addr = socket.local_addr()?;
+        sockets.push(socket);
+    }
+    Ok((sockets, addr))
+}
+
+fn reuse_port_socket(addr: SocketAddr, reuse: bool) -> std::io::Result<socket2::Socket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    #[cfg(unix)]
+    if reuse {
+        socket.set_reuse_port(true)?;
+    }
+    #[cfg(not(unix))]
+    let _ = reuse;
+    socket.bind(&addr.into())?;
+    Ok(socket)
 }
 
 /// Write access to a [`DnsServer`]'s answer data. Cheap to clone.
