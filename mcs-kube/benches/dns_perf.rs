@@ -279,26 +279,34 @@ fn main() {
         c = CLUSTERS[CLUSTERS.len() - 1]
     );
 
-    // mcs-dns, watching through a client of its own runtime.
-    let server = dns_rt
-        .block_on(DnsServer::bind(
-            DnsConfig::default().listen("127.0.0.1:0".parse().unwrap()),
-        ))
-        .unwrap();
-    let mcs = server.local_addr();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let dns_client = dns_rt.block_on(cluster.client());
-    let task = dns_rt.spawn(server.run(dns_client, async move {
-        let _ = stopped.await;
-    }));
-    main_rt.block_on(support::wait_for(
-        "mcs-dns answering the last object",
-        Duration::from_secs(60),
-        || async {
-            let m = support::dns_query(mcs, &last, RecordType::A).await;
-            (!m.answers.is_empty()).then_some(())
-        },
-    ));
+    // mcs-dns as the binary runs it (one UDP socket per core), and with one UDP socket,
+    // each watching through a client of its own runtime.
+    let start_mcs = |sockets: usize| {
+        let server = dns_rt
+            .block_on(DnsServer::bind(
+                DnsConfig::default()
+                    .listen("127.0.0.1:0".parse().unwrap())
+                    .udp_sockets(sockets),
+            ))
+            .unwrap();
+        let addr = server.local_addr();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let dns_client = dns_rt.block_on(cluster.client());
+        let task = dns_rt.spawn(server.run(dns_client, async move {
+            let _ = stopped.await;
+        }));
+        main_rt.block_on(support::wait_for(
+            "mcs-dns answering the last object",
+            Duration::from_secs(60),
+            || async {
+                let m = support::dns_query(addr, &last, RecordType::A).await;
+                (!m.answers.is_empty()).then_some(())
+            },
+        ));
+        (addr, stop, task)
+    };
+    let (mcs, stop, task) = start_mcs(cores);
+    let (mcs_one, stop_one, task_one) = start_mcs(1);
     let (plain, cached) = main_rt.block_on(async {
         let kubeconfig = cluster.kubeconfig_path();
         let plain = support::CoreDns::start(
@@ -317,8 +325,10 @@ fn main() {
         .await;
         (plain, cached)
     });
-    let servers: [(&str, SocketAddr); 3] = [
+    let one_socket = "mcs-dns, one UDP socket";
+    let servers: [(&str, SocketAddr); 4] = [
         ("mcs-dns", mcs),
+        (one_socket, mcs_one),
         ("CoreDNS multicluster", plain.addr()),
         ("CoreDNS multicluster + cache 30", cached.addr()),
     ];
@@ -406,6 +416,8 @@ fn main() {
 
     drop(plain);
     drop(cached);
-    let _ = stop.send(());
-    let _ = dns_rt.block_on(task);
+    for (stop, task) in [(stop, task), (stop_one, task_one)] {
+        let _ = stop.send(());
+        let _ = dns_rt.block_on(task);
+    }
 }
