@@ -266,6 +266,18 @@ async fn odeme_is_imported_into_uretim_tr_as_kubectl_and_mcs_dns_show() {
     })
     .await;
     eprintln!("mcs-dns {dns}: odeme.magaza.svc.clusterset.local -> {answered:?}");
+    // At RUST_LOG=info, answering queries logs nothing per query (hickory-server would log
+    // two lines for each, one naming the question).
+    let log = std::fs::read_to_string(tr.dir().join("mcs-dns.log")).expect("mcs-dns's log");
+    let per_query: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("odeme.magaza.svc.clusterset.local"))
+        .collect();
+    assert!(
+        per_query.is_empty(),
+        "mcs-dns logged its queries at RUST_LOG=info:\n{}",
+        per_query.join("\n")
+    );
 
     for mut process in processes {
         assert!(
