@@ -20,9 +20,9 @@ use hickory_server::net::xfer::Protocol;
 use hickory_server::proto::op::{Edns, Metadata, OpCode, ResponseCode};
 use hickory_server::proto::rr::rdata::{A, AAAA, NS, SOA, SRV, TXT};
 use hickory_server::proto::rr::{DNSClass, Name, RData, Record, RecordType};
-use hickory_server::proto::serialize::binary::BinEncodable;
+use hickory_server::proto::serialize::binary::{BinDecoder, BinEncodable};
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
-use hickory_server::zone_handler::MessageResponseBuilder;
+use hickory_server::zone_handler::{MessageResponseBuilder, Queries};
 use mcs_core::dns::{self, Answer, QueryType, Rcode, ZoneData};
 
 /// The codes the handler answers with; each has its counter registered up front.
@@ -94,6 +94,7 @@ impl DnsMetrics {
     }
 }
 
+#[derive(Clone)]
 pub(super) struct Handler {
     data: Arc<RwLock<ZoneData>>,
     synced: Arc<AtomicBool>,
@@ -211,6 +212,24 @@ impl RequestHandler for Handler {
 }
 
 impl Handler {
+    /// FORMERR for a message whose header parsed and whose body did not, with no question
+    /// (none could be read), as hickory-server answers it.
+    pub(super) async fn send_format_error<R: ResponseHandler>(
+        &self,
+        request: &Metadata,
+        mut response: R,
+    ) {
+        self.metrics.count(ResponseCode::FormErr);
+        let Ok(queries) = Queries::read(&mut BinDecoder::new(&[]), 0) else {
+            return; // reading no question from nothing cannot fail
+        };
+        let message =
+            MessageResponseBuilder::new(&queries, None).error_msg(request, ResponseCode::FormErr);
+        if let Err(e) = response.send_response(message).await {
+            tracing::debug!(error = %e, "cannot send FORMERR");
+        }
+    }
+
     async fn send_error<R: ResponseHandler>(
         &self,
         request: &Request,

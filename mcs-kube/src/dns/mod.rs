@@ -2,9 +2,10 @@
 //!
 //! It answers from the local cluster's Namespaces, ServiceImports and MCS EndpointSlices
 //! (those labelled `multicluster.kubernetes.io/service-name`), which it watches with
-//! kube-rs, and builds every answer with [`mcs_core::dns::ZoneData`]. It serves UDP and TCP
-//! (hickory-server; UDP answers that do not fit carry the TC bit so resolvers retry over
-//! TCP), never recurses (names outside the zone are REFUSED), and answers the zone's names
+//! kube-rs, and builds every answer with [`mcs_core::dns::ZoneData`]. It serves UDP (a
+//! receive loop per socket, several sockets on one port, answering without a task per
+//! query; answers that do not fit carry the TC bit so resolvers retry over TCP) and TCP
+//! (hickory-server), parsing and encoding with hickory in both, never recurses (names outside the zone are REFUSED), and answers the zone's names
 //! with SERVFAIL until all three watches have synced. CoreDNS forwards the zone to it
 //! (`deploy/dns/coredns-forward.yaml`).
 //!
@@ -26,6 +27,7 @@
 //! ```
 
 mod handler;
+mod udp;
 mod watch;
 
 use std::future::Future;
@@ -266,10 +268,13 @@ impl DnsServer {
             self.metrics.clone(),
             self.config.max_udp_payload.max(512),
         );
-        let mut server = Server::new(handler);
-        for udp in self.udp {
-            server.register_socket(udp);
+        // UDP on loops of our own (udp.rs), TCP on hickory-server; both answer through the
+        // same handler.
+        let mut udp = tokio::task::JoinSet::new();
+        for socket in self.udp {
+            udp.spawn(udp::serve(socket, handler.clone()));
         }
+        let mut server = Server::new(handler);
         server.register_listener(self.tcp, self.config.tcp_timeout, 64);
         tracing::info!(addr = %self.local_addr, zone = %self.config.zone, "DNS server listening");
         let result = tokio::select! {
@@ -278,6 +283,8 @@ impl DnsServer {
                 server.shutdown_gracefully().await.map_err(|e| DnsError::Serve(e.to_string()))
             }
         };
+        // The UDP loops run until stopped; once they have, their sockets are closed.
+        udp.shutdown().await;
         self.synced.store(false, Ordering::Relaxed);
         result
     }
