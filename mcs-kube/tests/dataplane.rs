@@ -886,8 +886,8 @@ fn percentiles(v: &[Duration]) -> (f64, f64) {
 /// Issue 26, fourth case: east's Pods of `loyalty-accrual` turn unready; how long after
 /// that the last answer from east reaches north's client pod, through kube-proxy (the
 /// ClusterSetIP) and through the client layer, probed side by side. Printed, not asserted;
-/// what is asserted is that both stop reaching east once north's imports and kube-proxy
-/// have caught up, and that east comes back when ready again.
+/// what is asserted is that both stop reaching east once north's imports and kube-proxy's
+/// rules have caught up, and that east comes back when ready again.
 async fn case_unready_east(world: &World, lab: &Lab) {
     const NS: &str = "loyalty";
     const NAME: &str = "loyalty-accrual.loyalty.svc.clusterset.local.";
@@ -921,6 +921,7 @@ async fn case_unready_east(world: &World, lab: &Lab) {
         })
         .await;
         settled(world, lab).await;
+        lab.wait_kube_proxy_endpoints(NORTH, vip, &all).await;
         let stop = Arc::new(AtomicBool::new(false));
         let (proxy_log, layer_log): (ProbeLog, ProbeLog) = Default::default();
         let probes = [
@@ -959,6 +960,9 @@ async fn case_unready_east(world: &World, lab: &Lab) {
         )
         .await;
         settled(world, lab).await;
+        // kube-proxy's rules, not only its metrics: it may not have received the change
+        // yet, and then none is pending in them.
+        lab.wait_kube_proxy_endpoints(NORTH, vip, &west_ips).await;
         let t_settled = Instant::now();
         // Then 50 more answers on each path, none of them from east.
         support::wait_for(

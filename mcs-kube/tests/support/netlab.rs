@@ -28,6 +28,7 @@
 //! mode runs); `scripts/test.sh` installs nftables when missing. Missing pieces panic with
 //! what to install.
 
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::future::Future;
 use std::io::{Read, Write};
@@ -507,18 +508,41 @@ impl Lab {
 
     /// Lists node `i`'s nftables ruleset (`nft list ruleset` in its namespace).
     pub fn nft_ruleset(&self, i: usize) -> String {
-        let out = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &self.nodes[i].netns,
-                "nft",
-                "list",
-                "ruleset",
-            ])
-            .output()
-            .expect("run nft");
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        nft_ruleset_in(&self.nodes[i].netns)
+    }
+
+    /// Waits until node `i`'s kube-proxy sends new connections to `vip` to exactly
+    /// `expected` (its rules, read with `nft`, not its metrics: a change it has not
+    /// received yet is not pending in them either).
+    pub async fn wait_kube_proxy_endpoints(
+        &self,
+        i: usize,
+        vip: SocketAddr,
+        expected: &BTreeSet<String>,
+    ) {
+        let what = format!(
+            "kube-proxy of {} routing {vip} to {expected:?}",
+            self.nodes[i].cluster
+        );
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let ruleset = {
+                let netns = self.nodes[i].netns.clone();
+                tokio::task::spawn_blocking(move || nft_ruleset_in(&netns))
+                    .await
+                    .expect("nft")
+            };
+            let now = endpoints_in_ruleset(&ruleset, vip);
+            if now == *expected {
+                return;
+            }
+            self.assert_running();
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out waiting for {what} (now {now:?}):\n{ruleset}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
     }
 
     /// Listens on `127.0.0.1:<API server port>` in the node's namespace and forwards every
@@ -729,4 +753,38 @@ pub fn http_get_once(addr: SocketAddr, timeout: std::time::Duration) -> Result<S
         return Err(format!("{addr}: {head}"));
     }
     Ok(body.to_owned())
+}
+
+/// `nft list ruleset` in network namespace `netns`.
+fn nft_ruleset_in(netns: &str) -> String {
+    let out = Command::new("ip")
+        .args(["netns", "exec", netns, "nft", "list", "ruleset"])
+        .output()
+        .expect("run nft");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The endpoint IPs kube-proxy's nftables `ruleset` sends new TCP connections to `vip` to:
+/// the `service-ips` element `<vip> . tcp . <port>` names the Service's chain, whose `vmap`
+/// jumps to a chain per endpoint, named `endpoint-...__<ip>/<port>`. Empty when the Service
+/// has no ready endpoint (kube-proxy then has no such element).
+fn endpoints_in_ruleset(ruleset: &str, vip: SocketAddr) -> BTreeSet<String> {
+    let element = format!("{} . tcp . {} : goto ", vip.ip(), vip.port());
+    let Some(at) = ruleset.find(&element) else {
+        return BTreeSet::new();
+    };
+    let chain: String = ruleset[at + element.len()..]
+        .chars()
+        .take_while(|c| !c.is_whitespace() && *c != ',' && *c != '}')
+        .collect();
+    let Some(start) = ruleset.find(&format!("chain {chain} {{")) else {
+        return BTreeSet::new();
+    };
+    let body = &ruleset[start..];
+    let body = &body[..body.find("\n\t}").unwrap_or(body.len())];
+    body.split("__")
+        .skip(1)
+        .filter_map(|rest| rest.split('/').next())
+        .map(str::to_owned)
+        .collect()
 }
