@@ -460,7 +460,8 @@ impl Lab {
     /// Waits until node `i`'s kube-proxy has synced its rules at least once and, asked after
     /// `since`, has no endpoint or service change pending: what the API server held at
     /// `since` is then in its nftables rules (up to the latency of kube-proxy's watch, which
-    /// no metric shows). Panics after a minute with its log.
+    /// no metric shows: where a test must know a change is in the rules, it waits on them,
+    /// [`Lab::wait_kube_proxy_endpoints`]). Panics after a minute with its log.
     pub async fn wait_kube_proxy_synced(&self, i: usize, since: std::time::SystemTime) {
         let since = since
             .duration_since(std::time::UNIX_EPOCH)
