@@ -14,6 +14,9 @@
 //! 5% `_http._tcp` SRV, 5% per-endpoint A and 10% NXDOMAIN; before measuring, every
 //! distinct question must get the same response code and answer count from all servers.
 //!
+//! mcs-dns runs twice: as the binary runs it (a UDP socket per core) and with one UDP
+//! socket, which shows what the sockets add.
+//!
 //! Each round runs every server in turn (so load from others on the machine hits all of
 //! them alike), twice: **throughput**, dnsperf as fast as the server answers (`-c 4 -q
 //! 100`, EDNS on), giving queries per second; **latency**, dnsperf at a fixed rate below
