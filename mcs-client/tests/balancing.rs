@@ -199,20 +199,27 @@ async fn local_first_then_spill_over_then_back() {
         "traffic spilled to west and stayed there: streak {last_west_streak}"
     );
 
-    // East recovers: once the ejections expire, traffic returns to the local cluster.
+    // East recovers: once the ejections expire, traffic returns to the local cluster. The
+    // endpoints were ejected one after the other, so their ejections expire one after the
+    // other too; while one is still out, part of the traffic spills to west (one healthy
+    // of two is below the overprovisioned share). Wait until both serve again.
     for s in &east {
         s.set_status(200);
     }
-    eventually(Duration::from_secs(10), "traffic back in east", || {
-        let svc = svc.clone();
-        async move {
-            let response = svc.oneshot(get(9443, "/accrue")).await.unwrap();
-            response
-                .extensions()
-                .get::<Served>()
-                .is_some_and(|s| s.cluster().as_str() == "east")
-        }
-    })
+    let before: Vec<u64> = east.iter().map(TestServer::served).collect();
+    let (east, before) = (&east, &before);
+    eventually(
+        Duration::from_secs(10),
+        "both east endpoints serving again",
+        || {
+            let svc = svc.clone();
+            async move {
+                let response = svc.oneshot(get(9443, "/accrue")).await.unwrap();
+                let _ = response.into_body().collect().await;
+                east.iter().zip(before).all(|(s, b)| s.served() > *b)
+            }
+        },
+    )
     .await;
     let (_, by_cluster) = load(&svc, 9443, 100, 2).await;
     assert_eq!(by_cluster.get("east"), Some(&100), "{by_cluster:?}");
