@@ -279,6 +279,10 @@ impl DnsServer {
         tracing::info!(addr = %self.local_addr, zone = %self.config.zone, "DNS server listening");
         let result = tokio::select! {
             r = server.block_until_done() => r.map_err(|e| DnsError::Serve(e.to_string())),
+            Some(r) = udp.join_next() => Err(DnsError::Serve(match r {
+                Ok(e) => format!("UDP socket on {}: {e}", self.local_addr),
+                Err(e) => format!("UDP loop on {}: {e}", self.local_addr),
+            })),
             () = shutdown => {
                 server.shutdown_gracefully().await.map_err(|e| DnsError::Serve(e.to_string()))
             }

@@ -37,13 +37,23 @@ use super::handler::Handler;
 /// The largest query read; a longer datagram is cut there and so fails to parse (FORMERR).
 const MAX_QUERY: usize = 4096;
 
-/// Answers the queries that reach `socket` until the task is dropped.
-pub(super) async fn serve(socket: UdpSocket, handler: Handler) {
+/// Answers the queries that reach `socket` until the task is dropped, or returns the
+/// error that leaves the socket unusable.
+pub(super) async fn serve(socket: UdpSocket, handler: Handler) -> std::io::Error {
     let socket = Arc::new(socket);
     let mut buf = vec![0u8; MAX_QUERY];
     loop {
         let (len, src) = match socket.recv_from(&mut buf).await {
             Ok(received) => received,
+            // As hickory-server judges a UDP socket's errors: these end it.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotConnected | std::io::ErrorKind::ConnectionAborted
+                ) =>
+            {
+                return e;
+            }
             Err(e) => {
                 // ICMP errors of earlier sends surface here on some systems; the socket
                 // itself stays usable.
