@@ -106,6 +106,9 @@ struct Responder {
 
 #[async_trait::async_trait]
 impl ResponseHandler for Responder {
+    /// Encodes `response` within the requester's UDP size (its EDNS payload, or 512 bytes
+    /// without EDNS; what does not fit is left out and the TC bit set), SERVFAIL when it
+    /// cannot be encoded, and sends it.
     async fn send_response<'a>(
         &mut self,
         response: MessageResponse<
@@ -117,44 +120,28 @@ impl ResponseHandler for Responder {
             impl Iterator<Item = &'a Record> + Send + 'a,
         >,
     ) -> Result<ResponseInfo, NetError> {
-        let (info, bytes) = encode(response)?;
+        let id = response.metadata().id;
+        let limit = response.edns().map_or(512, |e| e.max_payload());
+        let mut bytes = Vec::with_capacity(512);
+        let mut encoder = BinEncoder::new(&mut bytes);
+        encoder.set_max_size(limit);
+        let info = match response.destructive_emit(&mut encoder) {
+            Ok(info) => info,
+            Err(e) => {
+                tracing::error!(error = %e, id, "cannot encode a DNS answer; sending SERVFAIL");
+                bytes.clear();
+                let mut metadata = Metadata::new(id, MessageType::Response, OpCode::Query);
+                metadata.response_code = ResponseCode::ServFail;
+                let header = Header {
+                    metadata,
+                    counts: HeaderCounts::default(),
+                };
+                let mut encoder = BinEncoder::new(&mut bytes);
+                header.emit(&mut encoder)?;
+                ResponseInfo::from(header)
+            }
+        };
         self.socket.send_to(&bytes, self.dst).await?;
         Ok(info)
-    }
-}
-
-/// `response` on the wire, within the requester's UDP size (its EDNS payload, or 512 bytes
-/// without EDNS; what does not fit is left out and the TC bit set); SERVFAIL when it
-/// cannot be encoded.
-fn encode<'a>(
-    response: MessageResponse<
-        '_,
-        'a,
-        impl Iterator<Item = &'a Record> + Send + 'a,
-        impl Iterator<Item = &'a Record> + Send + 'a,
-        impl Iterator<Item = &'a Record> + Send + 'a,
-        impl Iterator<Item = &'a Record> + Send + 'a,
-    >,
-) -> Result<(ResponseInfo, Vec<u8>), NetError> {
-    let id = response.metadata().id;
-    let limit = response.edns().map_or(512, |e| e.max_payload());
-    let mut bytes = Vec::with_capacity(512);
-    let mut encoder = BinEncoder::new(&mut bytes);
-    encoder.set_max_size(limit);
-    match response.destructive_emit(&mut encoder) {
-        Ok(info) => Ok((info, bytes)),
-        Err(e) => {
-            tracing::error!(error = %e, id, "cannot encode a DNS answer; sending SERVFAIL");
-            bytes.clear();
-            let mut metadata = Metadata::new(id, MessageType::Response, OpCode::Query);
-            metadata.response_code = ResponseCode::ServFail;
-            let header = Header {
-                metadata,
-                counts: HeaderCounts::default(),
-            };
-            let mut encoder = BinEncoder::new(&mut bytes);
-            header.emit(&mut encoder)?;
-            Ok((ResponseInfo::from(header), bytes))
-        }
     }
 }
