@@ -232,12 +232,17 @@ fn service<'a>(report: &'a StatusReport, name: &str) -> &'a ServiceStatus {
 
 /// Whether `status` shows `accrual` exported by both, imported by both and every imported
 /// view in sync with its source.
+/// Whether the agents have written all the test looks at: accrual imported in both
+/// clusters, ledger's type conflict, ghost's Valid condition (the agent handles the three
+/// services in no set order).
 fn converged(report: &StatusReport) -> bool {
-    let Some(s) = report
-        .services
-        .iter()
-        .find(|s| s.namespace == NS && s.name == "accrual")
-    else {
+    let svc = |name: &str| {
+        report
+            .services
+            .iter()
+            .find(|s| s.namespace == NS && s.name == name)
+    };
+    let (Some(s), Some(ledger), Some(ghost)) = (svc("accrual"), svc("ledger"), svc("ghost")) else {
         return false;
     };
     s.imports.len() == 2
@@ -247,6 +252,13 @@ fn converged(report: &StatusReport) -> bool {
                 && i.sources.iter().all(|v| v.in_sync == Some(true))
         })
         && s.exports.iter().all(|e| e.valid.is_some())
+        && ledger.exports.iter().any(|e| {
+            e.conflict
+                .as_ref()
+                .is_some_and(|c| c.status == "True" && c.reason.contains("TypeConflict"))
+        })
+        && !ghost.exports.is_empty()
+        && ghost.exports.iter().all(|e| e.valid.is_some())
 }
 
 fn finding<'a>(
@@ -324,7 +336,7 @@ async fn status_and_check_of_a_clusterset() {
         .copied()
         .collect();
     let (run, report) = support::wait_for(
-        "status to show accrual imported everywhere",
+        "status to show accrual imported everywhere, ledger's conflict and ghost's condition",
         BUDGET,
         || async {
             let run = kubectl_mcs(&kubeconfig, &json_args).await;
