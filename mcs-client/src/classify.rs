@@ -73,8 +73,8 @@ impl Classify {
 pub(crate) enum FailureKind {
     /// No connection could be made, or TLS refused it: the request was not processed.
     Connect,
-    /// A connection existed but the request was not sent on it (hyper "canceled"), or the
-    /// HTTP/2 server says it did not process it.
+    /// A connection existed but the request was not sent on it (hyper "canceled", or its
+    /// task had ended: "channel closed"), or the HTTP/2 server says it did not process it.
     NotSent,
     /// The connection closed before the response head arrived; the request may have been
     /// processed.
@@ -97,7 +97,10 @@ impl FailureKind {
                     return Self::Connect;
                 }
             } else if let Some(e) = e.downcast_ref::<hyper::Error>() {
-                if e.is_canceled() {
+                // Canceled: the connection dropped the request before sending it. Closed:
+                // the connection's task had already ended when the request asked it for
+                // room (`SendRequest::ready`), so the request was never handed over.
+                if e.is_canceled() || e.is_closed() {
                     return Self::NotSent;
                 }
                 if e.is_incomplete_message() {
@@ -195,5 +198,29 @@ mod tests {
         assert!(FailureKind::Connect.retryable(&Method::POST, false));
         let other = std::io::Error::other("boom");
         assert_eq!(FailureKind::of(&other), FailureKind::Other);
+    }
+
+    /// A connection whose task has ended refuses the next request in `ready()` with hyper's
+    /// "channel closed": nothing was sent, so even a POST may go to another endpoint.
+    #[tokio::test]
+    async fn a_request_refused_by_an_ended_connection_was_not_sent() {
+        use hyper::client::conn::http2;
+        use hyper_util::rt::{TokioExecutor, TokioIo};
+
+        let (client, _server) = tokio::io::duplex(64 * 1024);
+        let (mut sender, connection) =
+            http2::handshake::<_, _, http_body_util::Empty<bytes::Bytes>>(
+                TokioExecutor::new(),
+                TokioIo::new(client),
+            )
+            .await
+            .expect("the HTTP/2 client handshake does not wait for the server");
+        drop(connection);
+        let err = std::future::poll_fn(|cx| sender.poll_ready(cx))
+            .await
+            .expect_err("the connection's task is gone");
+        assert!(err.is_closed(), "{err}");
+        assert_eq!(FailureKind::of(&err), FailureKind::NotSent);
+        assert!(FailureKind::of(&err).retryable(&Method::POST, false));
     }
 }
