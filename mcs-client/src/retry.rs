@@ -291,6 +291,12 @@ where
 
 /// A retry policy: how bodies are replayed, how many retries a request may make, and the
 /// budget that bounds retries across all requests.
+///
+/// A request no server processed goes again to an untried endpoint whatever its method: the
+/// connection could not be made, the connection had ended before taking the request, or an
+/// HTTP/2 server refused its stream (REFUSED_STREAM) or left it above its GOAWAY's last
+/// stream id. When the connection closed after the request was sent and before the
+/// response head, only idempotent methods go again (see [`Retry::idempotent_on_close`]).
 #[derive(Clone, Debug)]
 #[must_use]
 pub struct Retry<R> {

@@ -1,26 +1,32 @@
 //! HTTP/2 requests the server says it did not process go again to another endpoint, even a
-//! POST (RFC 9113 section 8.7): here a stream refused with REFUSED_STREAM. Real servers on
-//! loopback: the refusing one speaks HTTP/2 through the `h2` crate, the others are the
-//! hyper test servers. (Streams above a graceful GOAWAY's last stream id take the same
-//! path; the seed scenario's failover, `tests/loyalty_accrual.rs`, meets them when pods
-//! shut down under load. A server cannot be made to send one deterministically through
-//! `h2`'s API.)
+//! POST (RFC 9113 section 8.7): here a stream refused with REFUSED_STREAM, and a stream above
+//! the last stream id of a GOAWAY that the client reads only after a write of its own failed
+//! on the connection the server had reset. Real servers on loopback: the refusing one speaks
+//! HTTP/2 through the `h2` crate, the resetting one writes its frames by hand, the others are
+//! the hyper test servers. (The seed scenario's failover, `tests/loyalty_accrual.rs`, meets
+//! both when pods shut down under load.)
 
 mod support;
 
+use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
 use http::Request;
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use mcs_client::connect::{Dial, EndpointTarget, Http2};
 use mcs_client::{CloneBody, Http, McsLayer, Retry, StaticResolver};
 use mcs_core::discovery::Endpoint;
 use mcs_core::endpoints::Locality;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
 use tower::{ServiceBuilder, ServiceExt};
 
 use support::*;
@@ -86,4 +92,280 @@ async fn a_refused_stream_is_sent_again_to_another_endpoint() {
         seen.load(Ordering::SeqCst) > 0,
         "the balancer never tried the refusing endpoint: the retry path was not exercised"
     );
+}
+
+/// A server on `ip` that reads each connection up to the first request's HEADERS (stream
+/// 1), sends its SETTINGS, then either a GOAWAY saying it processed no stream (last stream
+/// id 0), or, with `answer`, a complete 200 response to stream 1 and a GOAWAY with last
+/// stream id 1, and resets the connection (`SO_LINGER` 0). Counts the requests it saw;
+/// `reset` fires after the first reset.
+async fn go_away_then_reset(
+    ip: IpAddr,
+    answer: bool,
+) -> (SocketAddr, Arc<AtomicUsize>, oneshot::Receiver<()>) {
+    let listener = TcpListener::bind(SocketAddr::new(ip, 0)).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&seen);
+    let (reset_tx, reset) = oneshot::channel();
+    tokio::spawn(async move {
+        let mut reset_tx = Some(reset_tx);
+        while let Ok((mut socket, _)) = listener.accept().await {
+            if read_to_first_headers(&mut socket).await.is_err() {
+                continue;
+            }
+            counter.fetch_add(1, Ordering::SeqCst);
+            // SETTINGS (empty).
+            let mut frames = vec![0, 0, 0, 0x4, 0, 0, 0, 0, 0];
+            let mut last_stream = 0u8;
+            if answer {
+                // HEADERS on stream 1, END_HEADERS: `:status: 200` (HPACK static index 8).
+                frames.extend_from_slice(&[0, 0, 1, 0x1, 0x4, 0, 0, 0, 1, 0x88]);
+                // DATA on stream 1, END_STREAM: the test servers' "<cluster> <addr> <host>".
+                let body = format!("east {addr} {HOST}");
+                let len = u8::try_from(body.len()).unwrap();
+                frames.extend_from_slice(&[0, 0, len, 0x0, 0x1, 0, 0, 0, 1]);
+                frames.extend_from_slice(body.as_bytes());
+                last_stream = 1;
+            }
+            // GOAWAY: last stream id, NO_ERROR.
+            frames.extend_from_slice(&[
+                0,
+                0,
+                8,
+                0x7,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                last_stream,
+                0,
+                0,
+                0,
+                0,
+            ]);
+            socket.write_all(&frames).await.unwrap();
+            socket.set_zero_linger().unwrap();
+            drop(socket);
+            if let Some(tx) = reset_tx.take() {
+                let _ = tx.send(());
+            }
+        }
+    });
+    (addr, seen, reset)
+}
+
+/// Reads the client preface and frames up to the first HEADERS frame.
+async fn read_to_first_headers(socket: &mut TcpStream) -> io::Result<()> {
+    let mut preface = [0u8; 24];
+    socket.read_exact(&mut preface).await?;
+    loop {
+        let mut header = [0u8; 9];
+        socket.read_exact(&mut header).await?;
+        let len = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+        let mut payload = vec![0u8; len];
+        socket.read_exact(&mut payload).await?;
+        if header[3] == 0x1 {
+            return Ok(());
+        }
+    }
+}
+
+/// A TCP connection that hands the HTTP/2 client nothing it reads until one of its writes
+/// has failed: the order in which, under load, a client can meet a server's reset (its
+/// next write fails) before it has read the frames the server sent ahead of the reset.
+struct ReadsAfterAFailedWrite {
+    io: hyper_util::rt::TokioIo<TcpStream>,
+    write_failed: bool,
+    reader: Option<Waker>,
+}
+
+impl ReadsAfterAFailedWrite {
+    fn note<T>(&mut self, result: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        if let Poll::Ready(Err(_)) = &result {
+            self.write_failed = true;
+            if let Some(reader) = self.reader.take() {
+                reader.wake();
+            }
+        }
+        result
+    }
+}
+
+impl hyper::rt::Read for ReadsAfterAFailedWrite {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if !this.write_failed {
+            this.reader = Some(cx.waker().clone());
+            return Poll::Pending;
+        }
+        Pin::new(&mut this.io).poll_read(cx, buf)
+    }
+}
+
+impl hyper::rt::Write for ReadsAfterAFailedWrite {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.io).poll_write(cx, buf);
+        this.note(result)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.io).poll_flush(cx);
+        this.note(result)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.io).poll_shutdown(cx);
+        this.note(result)
+    }
+}
+
+impl hyper_util::client::legacy::connect::Connection for ReadsAfterAFailedWrite {
+    fn connected(&self) -> hyper_util::client::legacy::connect::Connected {
+        self.io.connected()
+    }
+}
+
+/// Dials like `Dial`, holding back reads on the first connection to `held`.
+fn holding_reads_from(
+    held: SocketAddr,
+) -> impl Fn(
+    Option<&EndpointTarget>,
+) -> tower::util::BoxCloneSyncService<http::Uri, ReadsAfterAFailedWrite, tower::BoxError>
++ Send
++ Sync
++ 'static {
+    let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    move |target: Option<&EndpointTarget>| {
+        let dial = target.map_or_else(Dial::resolve, EndpointTarget::dial);
+        let to_held = target.is_some_and(|t| t.addr() == held);
+        let first = Arc::clone(&first);
+        tower::util::BoxCloneSyncService::new(dial.map_response(move |io| {
+            let hold = to_held && first.swap(false, Ordering::SeqCst);
+            ReadsAfterAFailedWrite {
+                io,
+                write_failed: !hold,
+                reader: None,
+            }
+        }))
+    }
+}
+
+fn post(i: usize) -> Request<Full<Bytes>> {
+    Request::post(format!("http://{HOST}:9443/accrue/{i}"))
+        .body(Full::new(Bytes::from_static(b"points=10")))
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_above_a_go_away_read_after_a_failed_write_are_sent_again() {
+    let (resetting, seen, reset) = go_away_then_reset(IpAddr::from([127, 10, 8, 1]), false).await;
+    let good = servers(20, 8, 1, 0, "west").await;
+    let resolver = StaticResolver::new();
+    let t = target(9443);
+    resolver.set(
+        &t,
+        [
+            Endpoint::ready(resetting, cluster("east")),
+            good[0].endpoint(),
+        ],
+    );
+    let h2 = Http2::<_, Full<Bytes>>::new(
+        hyper::client::conn::http2::Builder::new(TokioExecutor::new()),
+        holding_reads_from(resetting),
+    );
+    // Local cluster first: both POSTs go to east's resetting server while it is healthy.
+    let layer = McsLayer::builder(resolver, Locality::cluster(cluster("east")))
+        .retry(Retry::new(CloneBody))
+        .build();
+    let svc = ServiceBuilder::new().layer(layer).service(h2);
+
+    // The first POST reaches the server, which answers with a GOAWAY saying it processed
+    // nothing and resets the connection. The client has not read that yet; the second POST
+    // goes out on the same connection, and that write fails on the reset.
+    let first = tokio::spawn(svc.clone().oneshot(post(1)));
+    reset
+        .await
+        .expect("the server saw the first POST and reset the connection");
+    let second = tokio::spawn(svc.clone().oneshot(post(2)));
+    for (i, call) in [(1, first), (2, second)] {
+        let response = call.await.unwrap().unwrap_or_else(|e| {
+            panic!("POST {i} failed although no server processed it: {e}: {e:?}")
+        });
+        let (cluster, _, _) = answer(response).await;
+        assert_eq!(
+            cluster, "west",
+            "POST {i} answered by a server that processed it"
+        );
+    }
+    assert_eq!(
+        seen.load(Ordering::SeqCst),
+        1,
+        "no retry went back to the resetting server"
+    );
+    assert_eq!(good[0].served(), 2, "each POST processed once");
+}
+
+/// The same with a server that answered the first POST before its GOAWAY: the answer is not
+/// lost to the failed write, and the second POST (above the GOAWAY) goes to another endpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_read_after_a_failed_write_is_not_lost() {
+    let (resetting, seen, reset) = go_away_then_reset(IpAddr::from([127, 10, 8, 2]), true).await;
+    let good = servers(20, 8, 2, 0, "west").await;
+    let resolver = StaticResolver::new();
+    let t = target(9443);
+    resolver.set(
+        &t,
+        [
+            Endpoint::ready(resetting, cluster("east")),
+            good[1].endpoint(),
+        ],
+    );
+    let h2 = Http2::<_, Full<Bytes>>::new(
+        hyper::client::conn::http2::Builder::new(TokioExecutor::new()),
+        holding_reads_from(resetting),
+    );
+    let layer = McsLayer::builder(resolver, Locality::cluster(cluster("east")))
+        .retry(Retry::new(CloneBody))
+        .build();
+    let svc = ServiceBuilder::new().layer(layer).service(h2);
+
+    let first = tokio::spawn(svc.clone().oneshot(post(1)));
+    reset
+        .await
+        .expect("the server answered the first POST and reset the connection");
+    let second = tokio::spawn(svc.clone().oneshot(post(2)));
+    let response = first
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("POST 1 was answered, yet failed: {e}: {e:?}"));
+    let (cluster, addr, _) = answer(response).await;
+    assert_eq!((cluster.as_str(), addr), ("east", resetting));
+    let response = second
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("POST 2 failed although no server processed it: {e}: {e:?}"));
+    let (cluster, _, _) = answer(response).await;
+    assert_eq!(cluster, "west");
+    assert_eq!(
+        seen.load(Ordering::SeqCst),
+        1,
+        "POST 2 did not go to the resetting server"
+    );
+    assert_eq!(good[1].served(), 1);
 }

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::io;
 use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use arc_swap::ArcSwapOption;
 use http::{Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper::client::conn::http2::{self, SendRequest};
+use hyper::rt::ReadBufCursor;
 use hyper_util::rt::TokioExecutor;
 use tower::{BoxError, Service, ServiceExt};
 use tracing::debug;
@@ -21,6 +23,10 @@ use super::{EndpointTarget, MakeConnector, MakeEndpoint};
 /// made on its first request over a connector from a [`MakeConnector`] ([`Tcp`](super::Tcp)
 /// for h2c, [`Tls`](super::Tls) with ALPN `h2`), shared by all its requests with no pool
 /// lookup, and made again when it closes.
+///
+/// When a write fails because the server reset the connection, the connection still reads
+/// what the server sent before the reset: the responses it finished and its GOAWAY, so that
+/// the streams it did not process can go to another endpoint (h2 alone would fail them all).
 ///
 /// This is what tonic's `Channel` keeps per endpoint; hyper-util's pooled client
 /// ([`Http`](super::Http) with `http2_only`) works too, with a pool checkout (a lock) per
@@ -183,7 +189,7 @@ where
             .oneshot(uri.clone())
             .await
             .map_err(Into::into)?;
-        let (sender, connection) = self.builder.handshake(io).await?;
+        let (sender, connection) = self.builder.handshake(ReadAfterReset::new(io)).await?;
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 debug!(error = %e, "HTTP/2 connection ended");
@@ -191,5 +197,127 @@ where
         });
         self.current.store(Some(Arc::new(sender.clone())));
         Ok(sender)
+    }
+}
+
+/// The connection as the HTTP/2 client sees it: once a write fails because the server reset
+/// or closed the connection, later writes are dropped as if sent, and reading goes on.
+///
+/// h2's client ends the connection on a write error without reading what had already
+/// arrived, failing every open stream with "stream closed because of a broken pipe". A
+/// server that shuts down gracefully sends a GOAWAY naming the last stream it processed and
+/// the responses of the streams up to it, then closes; frames the client wrote meanwhile
+/// make the server's kernel answer with a reset. If the client writes after that reset and
+/// before it has read those frames, the GOAWAY (which makes the streams above it safe to
+/// send again, even a POST) and the finished responses are lost, and the calls fail as "may
+/// have been processed". Dropping the writes lets the client read them first; the read side
+/// then ends with the reset, which fails whatever is still open. Nothing written after the
+/// failure could have reached the server anyway.
+struct ReadAfterReset<T> {
+    io: T,
+    write_failed: bool,
+}
+
+impl<T> ReadAfterReset<T> {
+    fn new(io: T) -> Self {
+        Self {
+            io,
+            write_failed: false,
+        }
+    }
+
+    /// Whether `result` is a write that failed because the peer is gone (and remembers it).
+    fn peer_gone<R>(&mut self, result: &io::Result<R>) -> bool {
+        let gone = matches!(
+            result,
+            Err(e) if matches!(
+                e.kind(),
+                io::ErrorKind::BrokenPipe
+                    | io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::ConnectionAborted
+            )
+        );
+        if gone && !self.write_failed {
+            debug!("HTTP/2 connection: writing failed (the server is gone); reading what it sent");
+            self.write_failed = true;
+        }
+        gone
+    }
+}
+
+impl<T: hyper::rt::Read + Unpin> hyper::rt::Read for ReadAfterReset<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+    }
+}
+
+impl<T: hyper::rt::Write + Unpin> hyper::rt::Write for ReadAfterReset<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if this.write_failed {
+            return Poll::Ready(Ok(buf.len()));
+        }
+        let result = std::task::ready!(Pin::new(&mut this.io).poll_write(cx, buf));
+        Poll::Ready(if this.peer_gone(&result) {
+            Ok(buf.len())
+        } else {
+            result
+        })
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let len = bufs.iter().map(|b| b.len()).sum();
+        if this.write_failed {
+            return Poll::Ready(Ok(len));
+        }
+        let result = std::task::ready!(Pin::new(&mut this.io).poll_write_vectored(cx, bufs));
+        Poll::Ready(if this.peer_gone(&result) {
+            Ok(len)
+        } else {
+            result
+        })
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.write_failed {
+            return Poll::Ready(Ok(()));
+        }
+        let result = std::task::ready!(Pin::new(&mut this.io).poll_flush(cx));
+        Poll::Ready(if this.peer_gone(&result) {
+            Ok(())
+        } else {
+            result
+        })
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.write_failed {
+            return Poll::Ready(Ok(()));
+        }
+        let result = std::task::ready!(Pin::new(&mut this.io).poll_shutdown(cx));
+        Poll::Ready(if this.peer_gone(&result) {
+            Ok(())
+        } else {
+            result
+        })
     }
 }
