@@ -272,39 +272,58 @@ fn post(i: usize) -> Request<Full<Bytes>> {
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn streams_above_a_go_away_read_after_a_failed_write_are_sent_again() {
-    let (resetting, seen, reset) = go_away_then_reset(IpAddr::from([127, 10, 8, 1]), false).await;
-    let good = servers(20, 8, 1, 0, "west").await;
+/// Two POSTs through the layer, local cluster (east) first: east has the resetting server
+/// on `ip` (see [`go_away_then_reset`]), west one test server for retries. The first POST
+/// reaches the server, which resets the connection; the client has not read what the server
+/// sent before the reset when the second POST goes out on the same connection, and that
+/// write fails on the reset.
+struct AcrossAReset {
+    resetting: SocketAddr,
+    /// Requests the resetting server saw.
+    seen: Arc<AtomicUsize>,
+    west: TestServer,
+    first: Result<http::Response<hyper::body::Incoming>, tower::BoxError>,
+    second: Result<http::Response<hyper::body::Incoming>, tower::BoxError>,
+}
+
+async fn two_posts_across_a_reset(ip: [u8; 4], answer_first: bool) -> AcrossAReset {
+    let (resetting, seen, reset) = go_away_then_reset(IpAddr::from(ip), answer_first).await;
+    let west = TestServer::start(IpAddr::from([127, 20, ip[2], ip[3]]), 0, "west").await;
     let resolver = StaticResolver::new();
     let t = target(9443);
     resolver.set(
         &t,
-        [
-            Endpoint::ready(resetting, cluster("east")),
-            good[0].endpoint(),
-        ],
+        [Endpoint::ready(resetting, cluster("east")), west.endpoint()],
     );
     let h2 = Http2::<_, Full<Bytes>>::new(
         hyper::client::conn::http2::Builder::new(TokioExecutor::new()),
         holding_reads_from(resetting),
     );
-    // Local cluster first: both POSTs go to east's resetting server while it is healthy.
     let layer = McsLayer::builder(resolver, Locality::cluster(cluster("east")))
         .retry(Retry::new(CloneBody))
         .build();
     let svc = ServiceBuilder::new().layer(layer).service(h2);
-
-    // The first POST reaches the server, which answers with a GOAWAY saying it processed
-    // nothing and resets the connection. The client has not read that yet; the second POST
-    // goes out on the same connection, and that write fails on the reset.
     let first = tokio::spawn(svc.clone().oneshot(post(1)));
     reset
         .await
         .expect("the server saw the first POST and reset the connection");
     let second = tokio::spawn(svc.clone().oneshot(post(2)));
-    for (i, call) in [(1, first), (2, second)] {
-        let response = call.await.unwrap().unwrap_or_else(|e| {
+    AcrossAReset {
+        resetting,
+        seen,
+        west,
+        first: first.await.unwrap(),
+        second: second.await.unwrap(),
+    }
+}
+
+/// The server sent a GOAWAY saying it processed nothing before the reset: both POSTs are
+/// answered in west, each processed once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_above_a_go_away_read_after_a_failed_write_are_sent_again() {
+    let run = two_posts_across_a_reset([127, 10, 8, 1], false).await;
+    for (i, call) in [(1, run.first), (2, run.second)] {
+        let response = call.unwrap_or_else(|e| {
             panic!("POST {i} failed although no server processed it: {e}: {e:?}")
         });
         let (cluster, _, _) = answer(response).await;
@@ -314,58 +333,28 @@ async fn streams_above_a_go_away_read_after_a_failed_write_are_sent_again() {
         );
     }
     assert_eq!(
-        seen.load(Ordering::SeqCst),
+        run.seen.load(Ordering::SeqCst),
         1,
         "no retry went back to the resetting server"
     );
-    assert_eq!(good[0].served(), 2, "each POST processed once");
+    assert_eq!(run.west.served(), 2, "each POST processed once");
 }
 
-/// The same with a server that answered the first POST before its GOAWAY: the answer is not
-/// lost to the failed write, and the second POST (above the GOAWAY) goes to another endpoint.
+/// The server answered the first POST before its GOAWAY (last stream id 1): that answer is
+/// not lost to the failed write, and the second POST (above the GOAWAY) is answered in west.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_response_read_after_a_failed_write_is_not_lost() {
-    let (resetting, seen, reset) = go_away_then_reset(IpAddr::from([127, 10, 8, 2]), true).await;
-    let good = servers(20, 8, 2, 0, "west").await;
-    let resolver = StaticResolver::new();
-    let t = target(9443);
-    resolver.set(
-        &t,
-        [
-            Endpoint::ready(resetting, cluster("east")),
-            good[1].endpoint(),
-        ],
-    );
-    let h2 = Http2::<_, Full<Bytes>>::new(
-        hyper::client::conn::http2::Builder::new(TokioExecutor::new()),
-        holding_reads_from(resetting),
-    );
-    let layer = McsLayer::builder(resolver, Locality::cluster(cluster("east")))
-        .retry(Retry::new(CloneBody))
-        .build();
-    let svc = ServiceBuilder::new().layer(layer).service(h2);
-
-    let first = tokio::spawn(svc.clone().oneshot(post(1)));
-    reset
-        .await
-        .expect("the server answered the first POST and reset the connection");
-    let second = tokio::spawn(svc.clone().oneshot(post(2)));
-    let response = first
-        .await
-        .unwrap()
+    let run = two_posts_across_a_reset([127, 10, 8, 2], true).await;
+    let response = run
+        .first
         .unwrap_or_else(|e| panic!("POST 1 was answered, yet failed: {e}: {e:?}"));
     let (cluster, addr, _) = answer(response).await;
-    assert_eq!((cluster.as_str(), addr), ("east", resetting));
-    let response = second
-        .await
-        .unwrap()
+    assert_eq!((cluster.as_str(), addr), ("east", run.resetting));
+    let response = run
+        .second
         .unwrap_or_else(|e| panic!("POST 2 failed although no server processed it: {e}: {e:?}"));
     let (cluster, _, _) = answer(response).await;
     assert_eq!(cluster, "west");
-    assert_eq!(
-        seen.load(Ordering::SeqCst),
-        1,
-        "POST 2 did not go to the resetting server"
-    );
-    assert_eq!(good[1].served(), 1);
+    assert_eq!(run.seen.load(Ordering::SeqCst), 1);
+    assert_eq!(run.west.served(), 1);
 }
