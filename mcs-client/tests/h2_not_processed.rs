@@ -94,7 +94,7 @@ async fn a_refused_stream_is_sent_again_to_another_endpoint() {
     );
 }
 
-/// A server on `ip` that reads each connection up to the first request's HEADERS (stream
+/// A server on `ip` that reads each connection up to the end of the first request (stream
 /// 1), sends its SETTINGS, then either a GOAWAY saying it processed no stream (last stream
 /// id 0), or, with `answer`, a complete 200 response to stream 1 and a GOAWAY with last
 /// stream id 1, and resets the connection (`SO_LINGER` 0). Counts the requests it saw;
@@ -111,7 +111,7 @@ async fn go_away_then_reset(
     tokio::spawn(async move {
         let mut reset_tx = Some(reset_tx);
         while let Ok((mut socket, _)) = listener.accept().await {
-            if read_to_first_headers(&mut socket).await.is_err() {
+            if read_first_request(&mut socket).await.is_err() {
                 continue;
             }
             counter.fetch_add(1, Ordering::SeqCst);
@@ -159,8 +159,13 @@ async fn go_away_then_reset(
     (addr, seen, reset)
 }
 
-/// Reads the client preface and frames up to the first HEADERS frame.
-async fn read_to_first_headers(socket: &mut TcpStream) -> io::Result<()> {
+/// Reads the client preface and frames up to the end of the first request (a HEADERS or
+/// DATA frame with END_STREAM), so that the client has nothing left to write for it: its
+/// next write is the next request's.
+async fn read_first_request(socket: &mut TcpStream) -> io::Result<()> {
+    const DATA: u8 = 0x0;
+    const HEADERS: u8 = 0x1;
+    const END_STREAM: u8 = 0x1;
     let mut preface = [0u8; 24];
     socket.read_exact(&mut preface).await?;
     loop {
@@ -169,7 +174,7 @@ async fn read_to_first_headers(socket: &mut TcpStream) -> io::Result<()> {
         let len = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
         let mut payload = vec![0u8; len];
         socket.read_exact(&mut payload).await?;
-        if header[3] == 0x1 {
+        if matches!(header[3], DATA | HEADERS) && header[4] & END_STREAM != 0 {
             return Ok(());
         }
     }
