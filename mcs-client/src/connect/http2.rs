@@ -225,23 +225,35 @@ impl<T> ReadAfterReset<T> {
             write_failed: false,
         }
     }
+}
 
-    /// Whether `result` is a write that failed because the peer is gone (and remembers it).
-    fn peer_gone<R>(&mut self, result: &io::Result<R>) -> bool {
-        let gone = matches!(
-            result,
-            Err(e) if matches!(
-                e.kind(),
-                io::ErrorKind::BrokenPipe
-                    | io::ErrorKind::ConnectionReset
-                    | io::ErrorKind::ConnectionAborted
-            )
-        );
-        if gone && !self.write_failed {
-            debug!("HTTP/2 connection: writing failed (the server is gone); reading what it sent");
-            self.write_failed = true;
+impl<T: hyper::rt::Write + Unpin> ReadAfterReset<T> {
+    /// Runs a write-side operation, unless a write already failed. A failure because the
+    /// peer is gone (broken pipe, reset, abort) is remembered and reported as `done`, what
+    /// the operation returns on success.
+    fn write_side<R>(
+        &mut self,
+        done: R,
+        op: impl FnOnce(Pin<&mut T>) -> Poll<io::Result<R>>,
+    ) -> Poll<io::Result<R>> {
+        if self.write_failed {
+            return Poll::Ready(Ok(done));
         }
-        gone
+        Poll::Ready(match std::task::ready!(op(Pin::new(&mut self.io))) {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::BrokenPipe
+                        | io::ErrorKind::ConnectionReset
+                        | io::ErrorKind::ConnectionAborted
+                ) =>
+            {
+                debug!(error = %e, "HTTP/2 connection: writing failed (the server is gone); reading what it sent");
+                self.write_failed = true;
+                Ok(done)
+            }
+            result => result,
+        })
     }
 }
 
@@ -261,16 +273,8 @@ impl<T: hyper::rt::Write + Unpin> hyper::rt::Write for ReadAfterReset<T> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        if this.write_failed {
-            return Poll::Ready(Ok(buf.len()));
-        }
-        let result = std::task::ready!(Pin::new(&mut this.io).poll_write(cx, buf));
-        Poll::Ready(if this.peer_gone(&result) {
-            Ok(buf.len())
-        } else {
-            result
-        })
+        self.get_mut()
+            .write_side(buf.len(), |io| io.poll_write(cx, buf))
     }
 
     fn poll_write_vectored(
@@ -278,17 +282,9 @@ impl<T: hyper::rt::Write + Unpin> hyper::rt::Write for ReadAfterReset<T> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
         let len = bufs.iter().map(|b| b.len()).sum();
-        if this.write_failed {
-            return Poll::Ready(Ok(len));
-        }
-        let result = std::task::ready!(Pin::new(&mut this.io).poll_write_vectored(cx, bufs));
-        Poll::Ready(if this.peer_gone(&result) {
-            Ok(len)
-        } else {
-            result
-        })
+        self.get_mut()
+            .write_side(len, |io| io.poll_write_vectored(cx, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -296,28 +292,10 @@ impl<T: hyper::rt::Write + Unpin> hyper::rt::Write for ReadAfterReset<T> {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        if this.write_failed {
-            return Poll::Ready(Ok(()));
-        }
-        let result = std::task::ready!(Pin::new(&mut this.io).poll_flush(cx));
-        Poll::Ready(if this.peer_gone(&result) {
-            Ok(())
-        } else {
-            result
-        })
+        self.get_mut().write_side((), |io| io.poll_flush(cx))
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        if this.write_failed {
-            return Poll::Ready(Ok(()));
-        }
-        let result = std::task::ready!(Pin::new(&mut this.io).poll_shutdown(cx));
-        Poll::Ready(if this.peer_gone(&result) {
-            Ok(())
-        } else {
-            result
-        })
+        self.get_mut().write_side((), |io| io.poll_shutdown(cx))
     }
 }
