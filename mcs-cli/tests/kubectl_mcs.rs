@@ -230,11 +230,10 @@ fn service<'a>(report: &'a StatusReport, name: &str) -> &'a ServiceStatus {
         .unwrap_or_else(|| panic!("no service {NS}/{name} in {report:#?}"))
 }
 
-/// Whether `status` shows `accrual` exported by both, imported by both and every imported
-/// view in sync with its source.
-/// Whether the agents have written all the test looks at: accrual imported in both
-/// clusters, ledger's type conflict, ghost's Valid condition (the agent handles the three
-/// services in no set order).
+/// Whether the agents have written all the test looks at: accrual exported by both,
+/// imported in both clusters with every imported view in sync with its source, ledger's
+/// type conflict, ghost's Valid condition (the agent handles the three services in no set
+/// order).
 fn converged(report: &StatusReport) -> bool {
     let svc = |name: &str| {
         report
