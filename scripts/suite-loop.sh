@@ -7,11 +7,11 @@
 #
 # It clones HEAD into ~/.cache/mcs-suite-loop/src (so the checkout can change meanwhile) with
 # its own target dir, builds the tests once, then runs scripts/test.sh the given number of
-# times. Unless --no-load, a second clone is built in release mode with one job, over and
-# over, for as long as the runs last (what "a parallel build running" means here). Each run's
-# log is kept in ~/.cache/mcs-suite-loop/run-N.log; one line a run (exit code, seconds, test
-# binaries, tests passed and failed, load average) goes to ~/.cache/mcs-suite-loop/summary.txt
-# and to stdout. CARGO_TARGET_DIR, if set, is the tests' target dir. It goes on after a failed
+# times. Unless --no-load, once the tests are built, a second clone is built in release mode
+# with one job, over and over, for as long as the runs last (what "a parallel build running"
+# means here). Each run's log is kept in ~/.cache/mcs-suite-loop/run-N.log; one line a run
+# (exit code, seconds, test binaries, tests passed and failed, load average) goes to
+# ~/.cache/mcs-suite-loop/summary.txt and to stdout. CARGO_TARGET_DIR, if set, is the tests' target dir. It goes on after a failed
 # run, so that one loop shows every flaky test; the exit code is non-zero if any run failed.
 #
 # Run one loop per machine at a time: mcs-client's tests bind fixed loopback addresses, so
@@ -57,8 +57,13 @@ step() {
 	return "$rc"
 }
 
+cd "$base/src"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$base/target}"
+step cargo test --workspace --all-features --no-run >"$base/build.log" 2>&1
 if [ "$load" = yes ]; then
-	git clone -q . "$base/load-src"
+	# The load starts once the tests are built: it is there for the runs, and it would only
+	# slow the build down.
+	git clone -q "$base/src" "$base/load-src"
 	# A release build of the workspace with one job, from mcs-core up, again and again.
 	set -m
 	(
@@ -74,9 +79,6 @@ if [ "$load" = yes ]; then
 	set +m
 fi
 
-cd "$base/src"
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$base/target}"
-step cargo test --workspace --all-features --no-run >"$base/build.log" 2>&1
 failed_runs=0
 for i in $(seq 1 "$runs"); do
 	start=$(date +%s)
