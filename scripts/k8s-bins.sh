@@ -159,8 +159,10 @@ build kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler "$LDF"
 build kube-proxy k8s.io/kubernetes/cmd/kube-proxy "$LDF"
 build kubectl k8s.io/kubernetes/cmd/kubectl "$LDF"
 
-# 5. smoke-check what we built.
-"$BIN/etcd" --version | head -1
+# 5. smoke-check what we built. (Not `| head -1`: under pipefail, etcd writing its later
+# lines after head has gone is a SIGPIPE, and the whole script would fail, at random, the
+# first time it runs on a machine.)
+"$BIN/etcd" --version
 "$BIN/kube-apiserver" --version
 "$BIN/kube-controller-manager" --version
 "$BIN/kube-scheduler" --version
