@@ -11,8 +11,9 @@
 # with one job, over and over, for as long as the runs last (what "a parallel build running"
 # means here). Each run's log is kept in ~/.cache/mcs-suite-loop/run-N.log; one line a run
 # (exit code, seconds, test binaries, tests passed and failed, load average) goes to
-# ~/.cache/mcs-suite-loop/summary.txt and to stdout. CARGO_TARGET_DIR, if set, is the tests' target dir. It goes on after a failed
-# run, so that one loop shows every flaky test; the exit code is non-zero if any run failed.
+# ~/.cache/mcs-suite-loop/summary.txt and to stdout. CARGO_TARGET_DIR, if set, is the tests'
+# target dir. It goes on after a failed run, so that one loop shows every flaky test; the
+# exit code is non-zero if any run failed.
 #
 # Run one loop per machine at a time: mcs-client's tests bind fixed loopback addresses, so
 # two suites side by side collide. Budget ~16-20 min a run on 2 cores under this load, and
