@@ -206,6 +206,8 @@ impl Attempt {
             }
             Err(err) => {
                 let kind = FailureKind::of(&*err);
+                #[cfg(feature = "tls")]
+                let err = crate::connect::explain_tls(err, kind);
                 self.meta.failure.increment(1);
                 debug!(service = %self.target.name, endpoint = %self.meta.endpoint.addr,
                     cluster = %self.meta.endpoint.cluster, ?kind, error = %err, "request failed");

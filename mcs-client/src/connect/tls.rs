@@ -7,7 +7,7 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use arc_swap::ArcSwap;
@@ -20,6 +20,7 @@ use rustls::ClientConfig;
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 use tower::{BoxError, Service};
+use tracing::debug;
 
 use mcs_core::ClusterId;
 use mcs_core::name::ServiceRef;
@@ -27,6 +28,7 @@ use mcs_core::name::ServiceRef;
 use super::EndpointTarget;
 use super::dial::{Dial, Tcp};
 use super::http::MakeConnector;
+use crate::classify::FailureKind;
 
 type NameFn = dyn Fn(&EndpointTarget) -> String + Send + Sync;
 
@@ -209,7 +211,14 @@ impl Service<Uri> for TlsConnect {
                 .connect(server_name, tcp.into_inner())
                 .await
                 .map_err(|e| fail(unwrap_rustls(e)))?;
-            Ok(MaybeTls::Tls(Box::new(TokioIo::new(tls))))
+            Ok(MaybeTls::Tls(Box::new(TlsStream {
+                io: TokioIo::new(tls),
+                fate: TlsFate(Arc::new(Fate {
+                    peer,
+                    server_name: name,
+                    error: OnceLock::new(),
+                })),
+            })))
         })
     }
 }
@@ -226,7 +235,74 @@ fn unwrap_rustls(e: io::Error) -> Box<dyn StdError + Send + Sync> {
     }
 }
 
+/// What a TLS connection met at its end: the first rustls error its reads or writes
+/// returned. It rides in hyper-util's `Connected` extras, so that [`explain`] can name it.
+///
+/// One `Arc`, so that the clone hyper-util copies into every response is cheap.
+#[derive(Clone, Debug)]
+struct TlsFate(Arc<Fate>);
+
+#[derive(Debug)]
+struct Fate {
+    peer: Option<(SocketAddr, ClusterId)>,
+    server_name: Arc<str>,
+    error: OnceLock<rustls::Error>,
+}
+
+impl TlsFate {
+    fn record<T>(&self, result: &Poll<io::Result<T>>) {
+        if let Poll::Ready(Err(e)) = result
+            && let Some(rustls) = e
+                .get_ref()
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        {
+            // The first error is the cause; later ones follow from it.
+            let _ = self.0.error.set(rustls.clone());
+        }
+    }
+}
+
+/// Names the TLS error behind a request that a dead connection did not send.
+///
+/// In TLS 1.3 the client's side of the handshake ends before the server has checked the
+/// client's certificate, so a refused (or missing) client certificate arrives as an alert
+/// on the first read after the handshake. If the connection's task reads it before the
+/// request is handed over, hyper-util fails the request with a bare "connection was not
+/// ready" and drops the alert. When the connection was one of ours and recorded a rustls
+/// error, the request's error becomes a [`TlsError`] with that error as its source.
+/// Errors that already carry a rustls error, and requests that were sent, are left as they
+/// are.
+pub(crate) fn explain(err: BoxError, kind: FailureKind) -> BoxError {
+    if kind != FailureKind::NotSent {
+        return err;
+    }
+    let Some(info) = err
+        .downcast_ref::<hyper_util::client::legacy::Error>()
+        .and_then(|e| e.connect_info())
+    else {
+        return err;
+    };
+    let mut extras = http::Extensions::new();
+    info.get_extras(&mut extras);
+    let Some(fate) = extras.get::<TlsFate>() else {
+        return err;
+    };
+    let fate = &*fate.0;
+    let Some(rustls) = fate.error.get() else {
+        return err;
+    };
+    debug!(error = %err, tls = %rustls, "the request was not sent: its TLS connection had failed");
+    Box::new(TlsError {
+        peer: fate.peer.clone(),
+        server_name: fate.server_name.to_string(),
+        source: Box::new(rustls.clone()),
+    })
+}
+
 /// A TLS handshake that failed: the endpoint, its cluster, the server name verified and why.
+///
+/// In TLS 1.3 this includes a client certificate the server refused after the client's
+/// side of the handshake had ended (see [`TlsConnect`]'s connections).
 #[derive(Debug)]
 pub struct TlsError {
     peer: Option<(SocketAddr, ClusterId)>,
@@ -286,7 +362,23 @@ pub enum MaybeTls {
     /// Plain TCP.
     Plain(TokioIo<TcpStream>),
     /// TLS over TCP.
-    Tls(Box<TokioIo<tokio_rustls::client::TlsStream<TcpStream>>>),
+    Tls(Box<TlsStream>),
+}
+
+/// A TLS connection made by [`TlsConnect`]. It remembers the first rustls error it met
+/// (such as the server's alert refusing the client certificate), so that a request the
+/// dead connection could not send still fails with that error.
+#[derive(Debug)]
+pub struct TlsStream {
+    io: TokioIo<tokio_rustls::client::TlsStream<TcpStream>>,
+    fate: TlsFate,
+}
+
+impl TlsStream {
+    /// The tokio-rustls stream: the TCP stream and the rustls client connection.
+    pub fn get_ref(&self) -> &tokio_rustls::client::TlsStream<TcpStream> {
+        self.io.inner()
+    }
 }
 
 impl Connection for MaybeTls {
@@ -294,8 +386,9 @@ impl Connection for MaybeTls {
         match self {
             Self::Plain(tcp) => tcp.connected(),
             Self::Tls(tls) => {
-                let (tcp, session) = tls.inner().get_ref();
-                let connected = tcp.connected();
+                let (tcp, session) = tls.get_ref().get_ref();
+                // hyper-util copies the extras into every response: one Arc clone.
+                let connected = tcp.connected().extra(tls.fate.clone());
                 if session.alpn_protocol() == Some(b"h2") {
                     connected.negotiated_h2()
                 } else {
@@ -314,7 +407,11 @@ impl Read for MaybeTls {
     ) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Self::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Self::Tls(s) => Pin::new(&mut **s).poll_read(cx, buf),
+            Self::Tls(s) => {
+                let r = Pin::new(&mut s.io).poll_read(cx, buf);
+                s.fate.record(&r);
+                r
+            }
         }
     }
 }
@@ -327,28 +424,36 @@ impl Write for MaybeTls {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Self::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Self::Tls(s) => Pin::new(&mut **s).poll_write(cx, buf),
+            Self::Tls(s) => {
+                let r = Pin::new(&mut s.io).poll_write(cx, buf);
+                s.fate.record(&r);
+                r
+            }
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Self::Plain(s) => Pin::new(s).poll_flush(cx),
-            Self::Tls(s) => Pin::new(&mut **s).poll_flush(cx),
+            Self::Tls(s) => {
+                let r = Pin::new(&mut s.io).poll_flush(cx);
+                s.fate.record(&r);
+                r
+            }
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Self::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Self::Tls(s) => Pin::new(&mut **s).poll_shutdown(cx),
+            Self::Tls(s) => Pin::new(&mut s.io).poll_shutdown(cx),
         }
     }
 
     fn is_write_vectored(&self) -> bool {
         match self {
             Self::Plain(s) => s.is_write_vectored(),
-            Self::Tls(s) => s.is_write_vectored(),
+            Self::Tls(s) => s.io.is_write_vectored(),
         }
     }
 
@@ -359,7 +464,11 @@ impl Write for MaybeTls {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Self::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Self::Tls(s) => Pin::new(&mut **s).poll_write_vectored(cx, bufs),
+            Self::Tls(s) => {
+                let r = Pin::new(&mut s.io).poll_write_vectored(cx, bufs);
+                s.fate.record(&r);
+                r
+            }
         }
     }
 }
