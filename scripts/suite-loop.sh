@@ -12,8 +12,9 @@
 # means here). Each run's log is kept in ~/.cache/mcs-suite-loop/run-N.log; one line a run
 # (exit code, seconds, test binaries, tests passed and failed, load average) goes to
 # ~/.cache/mcs-suite-loop/summary.txt and to stdout. CARGO_TARGET_DIR, if set, is the tests'
-# target dir. It goes on after a failed run, so that one loop shows every flaky test; the
-# exit code is non-zero if any run failed.
+# target dir. It goes on after a failed run, and each run after a failed test binary
+# (cargo test --no-fail-fast), so that one loop shows every flaky test; the exit code is
+# non-zero if any run failed.
 #
 # Run one loop per machine at a time: mcs-client's tests bind fixed loopback addresses, so
 # two suites side by side collide. Budget ~16-20 min a run on 2 cores under this load, and
@@ -84,7 +85,7 @@ failed_runs=0
 for i in $(seq 1 "$runs"); do
 	start=$(date +%s)
 	rc=0
-	step scripts/test.sh >"$base/run-$i.log" 2>&1 || rc=$?
+	step scripts/test.sh --no-fail-fast >"$base/run-$i.log" 2>&1 || rc=$?
 	end=$(date +%s)
 	passed=$(grep -E '^test result:' "$base/run-$i.log" | awk '{s+=$4} END {print s+0}')
 	failed=$(grep -E '^test result:' "$base/run-$i.log" | awk '{s+=$6} END {print s+0}')
