@@ -269,9 +269,8 @@ impl TlsFate {
 /// on the first read after the handshake. If the connection's task reads it before the
 /// request is handed over, hyper-util fails the request with a bare "connection was not
 /// ready" and drops the alert. When the connection was one of ours and recorded a rustls
-/// error, the request's error becomes a [`TlsError`] with that error as its source.
-/// Errors that already carry a rustls error, and requests that were sent, are left as they
-/// are.
+/// error, the request's error becomes a [`TlsError`] with that error as its source. Only
+/// requests that were not sent are changed; any other error is left as it is.
 pub(crate) fn explain(err: BoxError, kind: FailureKind) -> BoxError {
     if kind != FailureKind::NotSent {
         return err;
