@@ -226,13 +226,16 @@ impl Service<Uri> for TlsConnect {
 /// The rustls error inside an I/O error, if there is one (tokio-rustls wraps them, and
 /// `io::Error::source` skips the wrapped error itself).
 fn unwrap_rustls(e: io::Error) -> Box<dyn StdError + Send + Sync> {
-    match e
-        .get_ref()
-        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-    {
+    match rustls_in(&e) {
         Some(rustls) => Box::new(rustls.clone()),
         None => Box::new(e),
     }
+}
+
+/// The rustls error an I/O error wraps, if any.
+fn rustls_in(e: &io::Error) -> Option<&rustls::Error> {
+    e.get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
 }
 
 /// What a TLS connection met at its end: the first rustls error its reads or writes
@@ -252,9 +255,7 @@ struct Fate {
 impl TlsFate {
     fn record<T>(&self, result: &Poll<io::Result<T>>) {
         if let Poll::Ready(Err(e)) = result
-            && let Some(rustls) = e
-                .get_ref()
-                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+            && let Some(rustls) = rustls_in(e)
         {
             // The first error is the cause; later ones follow from it.
             let _ = self.0.error.set(rustls.clone());
