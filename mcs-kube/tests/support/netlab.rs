@@ -31,7 +31,6 @@
 use std::collections::BTreeSet;
 use std::fs::File;
 use std::future::Future;
-use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener as StdListener};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
@@ -39,7 +38,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use rustix::thread::{LinkNameSpaceType, move_into_link_name_space};
@@ -734,26 +733,50 @@ fn remove_stale_namespaces() {
     }
 }
 
-/// A raw HTTP/1.0 `GET /` over a fresh TCP connection (so kube-proxy picks an endpoint per
-/// request), from whatever namespace the calling thread is in, bounded by `timeout`:
-/// the body, or why there is none.
+/// `GET /` through hyper over a fresh TCP connection (so kube-proxy picks an endpoint per
+/// request), from whatever namespace the calling thread is in (a current-thread runtime of
+/// its own opens the socket on this thread), bounded by `timeout`: the body, or why there is
+/// none. Not for a thread already inside a runtime.
 pub fn http_get_once(addr: SocketAddr, timeout: std::time::Duration) -> Result<String, String> {
-    let mut s = std::net::TcpStream::connect_timeout(&addr, timeout)
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("a runtime for GET {addr}: {e}"))?;
+    rt.block_on(async {
+        tokio::time::timeout(timeout, get_once(addr))
+            .await
+            .unwrap_or_else(|_| Err(format!("GET {addr}: no answer within {timeout:?}")))
+    })
+}
+
+async fn get_once(addr: SocketAddr) -> Result<String, String> {
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
         .map_err(|e| format!("connect {addr}: {e}"))?;
-    s.set_read_timeout(Some(timeout)).unwrap();
-    s.set_write_timeout(Some(timeout)).unwrap();
-    s.write_all(format!("GET / HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
-        .map_err(|e| format!("send to {addr}: {e}"))?;
-    let mut out = String::new();
-    s.read_to_string(&mut out)
-        .map_err(|e| format!("read from {addr}: {e}"))?;
-    let (head, body) = out
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| format!("{addr}: not an HTTP response: {out:?}"))?;
-    if !head.starts_with("HTTP/1.") || !head.contains(" 200 ") {
-        return Err(format!("{addr}: {head}"));
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .map_err(|e| format!("GET {addr}: {e}"))?;
+    // Drives the connection until the answer is read; dropped with the runtime.
+    tokio::spawn(connection);
+    let request = http::Request::get("/")
+        .header(http::header::HOST, addr.to_string())
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| format!("GET {addr}: {e}"))?;
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| format!("GET {addr}: {e}"))?;
+    let status = response.status();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| format!("GET {addr}: reading the body: {e}"))?
+        .to_bytes();
+    if status != http::StatusCode::OK {
+        return Err(format!("GET {addr}: {status}"));
     }
-    Ok(body.to_owned())
+    Ok(String::from_utf8_lossy(&body).into_owned())
 }
 
 /// `nft list ruleset` in network namespace `netns`.
