@@ -38,13 +38,14 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use rustix::thread::{LinkNameSpaceType, move_into_link_name_space};
 
 use super::bins::bin_dir;
 use super::cluster::TestCluster;
+use super::http::http_get;
 use super::process::{reap, spawn, tail};
 
 /// Prefix of every namespace name a lab creates: `mcslab<pid>-...`.
@@ -733,50 +734,24 @@ fn remove_stale_namespaces() {
     }
 }
 
-/// `GET /` through hyper over a fresh TCP connection (so kube-proxy picks an endpoint per
-/// request), from whatever namespace the calling thread is in (a current-thread runtime of
-/// its own opens the socket on this thread), bounded by `timeout`: the body, or why there is
-/// none. Not for a thread already inside a runtime.
+/// `GET /` over a fresh TCP connection ([`http_get`]'s client lives for one request, so
+/// kube-proxy picks an endpoint per request), from whatever namespace the calling thread is
+/// in (a current-thread runtime of its own opens the socket on this thread), bounded by
+/// `timeout`: the body, or why there is none. Not for a thread already inside a runtime.
 pub fn http_get_once(addr: SocketAddr, timeout: std::time::Duration) -> Result<String, String> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("a runtime for GET {addr}: {e}"))?;
-    rt.block_on(async {
-        tokio::time::timeout(timeout, get_once(addr))
+    let (status, body) = rt.block_on(async {
+        tokio::time::timeout(timeout, http_get(&format!("http://{addr}/")))
             .await
             .unwrap_or_else(|_| Err(format!("GET {addr}: no answer within {timeout:?}")))
-    })
-}
-
-async fn get_once(addr: SocketAddr) -> Result<String, String> {
-    let tcp = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| format!("connect {addr}: {e}"))?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-        .await
-        .map_err(|e| format!("GET {addr}: {e}"))?;
-    // Drives the connection until the answer is read; dropped with the runtime.
-    tokio::spawn(connection);
-    let request = http::Request::get("/")
-        .header(http::header::HOST, addr.to_string())
-        .body(Full::new(Bytes::new()))
-        .map_err(|e| format!("GET {addr}: {e}"))?;
-    let response = sender
-        .send_request(request)
-        .await
-        .map_err(|e| format!("GET {addr}: {e}"))?;
-    let status = response.status();
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| format!("GET {addr}: reading the body: {e}"))?
-        .to_bytes();
+    })?;
     if status != http::StatusCode::OK {
         return Err(format!("GET {addr}: {status}"));
     }
-    Ok(String::from_utf8_lossy(&body).into_owned())
+    Ok(body)
 }
 
 /// `nft list ruleset` in network namespace `netns`.
