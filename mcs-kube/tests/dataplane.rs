@@ -299,31 +299,45 @@ async fn case_clusterset_ip_through_dns(lab: &mut Lab, world: &World) {
     let vip = svc.spec.and_then(|s| s.cluster_ip).unwrap_or_default();
     assert_eq!(si.spec.ips.as_deref(), Some(&[vip.clone()][..]));
     // kube-proxy finds the imported slices by the derived Service's name: one set per
-    // exporting cluster carries it.
-    let sources: BTreeSet<String> = Api::<EndpointSlice>::namespaced(set.client(NORTH).clone(), NS)
-        .list(
-            &kube::api::ListParams::default()
-                .labels(&format!("kubernetes.io/service-name={derived}")),
-        )
-        .await
-        .expect("list the derived Service's slices")
-        .items
-        .iter()
-        .filter_map(|s| {
-            s.metadata
-                .labels
-                .as_ref()?
-                .get("multicluster.kubernetes.io/source-cluster")
-                .cloned()
-        })
-        .collect();
-    assert_eq!(
-        sources,
-        BTreeSet::from(["east".to_owned(), "west".to_owned()])
-    );
+    // exporting cluster carries it. The IP appears once the first member's export is
+    // merged; the other member's slices can be written a moment later, so wait until
+    // both sources have written, then assert that no other source has.
+    let both = BTreeSet::from(["east".to_owned(), "west".to_owned()]);
+    let sources = support::wait_watched(
+        Api::<EndpointSlice>::namespaced(set.client(NORTH).clone(), NS),
+        kube::runtime::watcher::Config::default()
+            .labels(&format!("kubernetes.io/service-name={derived}")),
+        &format!("north's slices of {derived} from east and west"),
+        ROUTE_TIMEOUT,
+        |slices| {
+            let sources: BTreeSet<String> = slices
+                .iter()
+                .filter_map(|s| {
+                    s.metadata
+                        .labels
+                        .as_ref()?
+                        .get("multicluster.kubernetes.io/source-cluster")
+                        .cloned()
+                })
+                .collect();
+            sources.is_superset(&both).then_some(sources)
+        },
+    )
+    .await;
+    assert_eq!(sources, both);
     // Through DNS, from the client pod, to the Pods of both clusters, once north's
     // kube-proxy holds what north's agent wrote.
     settled(world, lab).await;
+    // kube-proxy's informer can take in west's slice after the sync `settled` waited for
+    // (seen once under load: 40 connections, east only): wait until north's rules send
+    // the ClusterSetIP to every exported Pod, then count.
+    let pod_ips: BTreeSet<String> = pods
+        .iter()
+        .filter_map(|p| p.split(' ').nth(1).map(str::to_owned))
+        .collect();
+    let vip_addr = SocketAddr::new(vip.parse().expect("the ClusterSetIP"), 42);
+    lab.wait_kube_proxy_endpoints(NORTH, vip_addr, &pod_ips)
+        .await;
     let answers = answers_once_routed(world, lab, NAME, 42, &pods, 40).await;
     let seen: BTreeSet<String> = answers.iter().cloned().collect();
     assert!(

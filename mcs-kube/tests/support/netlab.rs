@@ -716,18 +716,21 @@ impl Drop for Lab {
     }
 }
 
-/// Deletes the namespaces of labs whose test process is gone.
+/// Deletes the namespaces of labs whose test process is gone, and any that carry this
+/// process's own id: it has created none yet, so they were left by an earlier process
+/// that had the same pid (pids are reused), and `ip netns add` would fail on their names.
 fn remove_stale_namespaces() {
     let Ok(entries) = std::fs::read_dir("/run/netns") else {
         return;
     };
+    let own = std::process::id().to_string();
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         let Some(rest) = name.strip_prefix(PREFIX) else {
             continue;
         };
         let pid: String = rest.chars().take_while(char::is_ascii_digit).collect();
-        if !pid.is_empty() && !Path::new("/proc").join(&pid).exists() {
+        if !pid.is_empty() && (pid == own || !Path::new("/proc").join(&pid).exists()) {
             eprintln!("[netlab] removing stale network namespace {name}");
             let _ = Command::new("ip").args(["netns", "del", &name]).status();
         }
