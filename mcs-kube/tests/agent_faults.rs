@@ -51,7 +51,7 @@ use mcs_kube::agent::desired::{
     LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY, LABEL_SLICE_MANAGED_BY, MANAGED_BY,
     derived_service_name,
 };
-use mcs_kube::agent::{Agent, AgentConfig, HubConfig, Member};
+use mcs_kube::agent::{Agent, AgentConfig, HubConfig, Member, ResyncHandle};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -63,7 +63,12 @@ const CONVERGE: Duration = Duration::from_secs(40);
 // ---------------------------------------------------------------------------------------
 // Agents the test controls: routed through proxies, stopped, aborted, restarted.
 
-type Running = (oneshot::Sender<()>, JoinHandle<()>, Arc<AtomicBool>);
+type Running = (
+    oneshot::Sender<()>,
+    JoinHandle<()>,
+    Arc<AtomicBool>,
+    ResyncHandle,
+);
 
 /// One in-process agent per cluster; agent `i` reaches member `j` through `members[i][j]`.
 /// In the hub topology, agent `i` reaches its own cluster with `members[i][i]` and the hub
@@ -109,6 +114,7 @@ impl Agents {
         .probe_interval(Duration::from_secs(1));
         let agent = Agent::new(config);
         let ready = agent.ready();
+        let resync = agent.resync_handle();
         let (stop, stopped) = oneshot::channel::<()>();
         let handle = tokio::spawn(async move {
             agent
@@ -118,7 +124,7 @@ impl Agents {
                 .await
                 .expect("agent failed");
         });
-        self.running[i] = Some((stop, handle, ready));
+        self.running[i] = Some((stop, handle, ready, resync));
     }
 
     fn start_all(&mut self) {
@@ -129,7 +135,7 @@ impl Agents {
 
     /// Graceful stop.
     async fn stop(&mut self, i: usize) {
-        if let Some((stop, handle, _)) = self.running[i].take() {
+        if let Some((stop, handle, ..)) = self.running[i].take() {
             let _ = stop.send(());
             handle.await.expect("agent task panicked");
         }
@@ -143,9 +149,29 @@ impl Agents {
 
     /// Kills the agent task wherever it is, e.g. between two writes of one reconcile.
     async fn abort(&mut self, i: usize) {
-        if let Some((_stop, handle, _)) = self.running[i].take() {
+        if let Some((_stop, handle, ..)) = self.running[i].take() {
             handle.abort();
             let _ = handle.await;
+        }
+    }
+
+    /// Forces a full resync of every running agent and waits until each pass has completed
+    /// (every service reconciled, its writes answered): what the agents know is then
+    /// written, including the steps after the last one a test waited on (a derived Service
+    /// deleted, slices re-applied without their tie).
+    async fn resync_all(&self) {
+        for (i, running) in self.running.iter().enumerate() {
+            let Some((.., resync)) = running else {
+                continue;
+            };
+            match tokio::time::timeout(CONVERGE, resync.resync()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => panic!("resync of the agent of {}: {e}", self.ids[i]),
+                Err(_) => panic!(
+                    "the agent of {} did not complete a resync in {CONVERGE:?}",
+                    self.ids[i]
+                ),
+            }
         }
     }
 
@@ -155,7 +181,7 @@ impl Agents {
             self.running
                 .iter()
                 .flatten()
-                .all(|(_, _, ready)| ready.load(Ordering::Acquire))
+                .all(|(_, _, ready, _)| ready.load(Ordering::Acquire))
                 .then_some(())
         })
         .await;
@@ -164,7 +190,7 @@ impl Agents {
 
 impl Drop for Agents {
     fn drop(&mut self) {
-        for (_, handle, _) in self.running.iter_mut().filter_map(Option::take) {
+        for (_, handle, ..) in self.running.iter_mut().filter_map(Option::take) {
             handle.abort();
         }
     }
@@ -889,6 +915,7 @@ async fn assert_fresh_start_agrees(set: &ClusterSet, agents: &mut Agents) {
 
 /// The three end checks every fault test makes.
 async fn assert_sound(set: &ClusterSet, agents: &mut Agents, foreign: &[Foreign]) {
+    agents.resync_all().await;
     assert_no_orphans(set).await;
     assert_foreign_untouched(set, foreign).await;
     assert_fresh_start_agrees(set, agents).await;
