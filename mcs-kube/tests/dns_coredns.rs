@@ -501,7 +501,7 @@ const KNOWN_DIFFERENCES: &[(&str, IsDifference)] = &[
 /// pinned here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mcs_dns_answers_like_coredns_on_what_the_agents_imported_from_real_pods() {
-    use clusterset::{ClusterSet, Topo, export, hello_service};
+    use clusterset::{ClusterSet, Topo, export, hello_service, wait_import};
     use k8s_openapi::api::core::v1::Pod;
 
     let opts = ClusterOptions::default().with_pods().with_dual_stack();
@@ -580,8 +580,37 @@ async fn mcs_dns_answers_like_coredns_on_what_the_agents_imported_from_real_pods
         "dual-stack Pods: {web_east:?} {hl:?}"
     );
 
-    // mcs-dns in north.
+    // North's imports reach their final state before either DNS server starts, so both
+    // list the same objects: each import (with its ClusterSetIP where it has one), and
+    // sick's endpoint not ready, first in east's own slice, then in north's copy of it.
     let north = set.client(2).clone();
+    for (name, clusterset_ip) in [
+        ("hello", true),
+        ("web", false),
+        ("hl", false),
+        ("idle", false),
+        ("sick", false),
+        ("v4only", true),
+        ("unnamed", true),
+    ] {
+        wait_import(
+            &north,
+            NS,
+            name,
+            &format!("north's import of {name}"),
+            |si| !clusterset_ip || si.spec.ips.as_ref().is_some_and(|ips| !ips.is_empty()),
+        )
+        .await;
+    }
+    sick_unready(east, "kubernetes.io/service-name=sick", "east").await;
+    sick_unready(
+        &north,
+        "multicluster.kubernetes.io/service-name=sick",
+        "north",
+    )
+    .await;
+
+    // mcs-dns in north.
     let server = DnsServer::bind(DnsConfig::default().listen("127.0.0.1:0".parse().unwrap()))
         .await
         .unwrap();
@@ -736,4 +765,21 @@ async fn mcs_dns_answers_like_coredns_on_what_the_agents_imported_from_real_pods
     }
     let _ = stop.send(());
     task.await.unwrap().unwrap();
+}
+
+/// Waits (on a watch) until the EndpointSlices `selector` picks in `client`'s namespace
+/// `NS` hold sick's endpoint, not ready.
+async fn sick_unready(client: &kube::Client, selector: &str, whose: &str) {
+    support::wait_watched(
+        Api::<EndpointSlice>::namespaced(client.clone(), NS),
+        kube::runtime::watcher::Config::default().labels(selector),
+        &format!("sick's endpoint not ready in {whose}'s slices"),
+        Duration::from_secs(90),
+        |slices| {
+            let slices: Vec<EndpointSlice> = slices.iter().map(|s| (**s).clone()).collect();
+            let endpoints = support::slice_endpoints(&slices);
+            (!endpoints.is_empty() && endpoints.iter().all(|(_, ready, _)| !ready)).then_some(())
+        },
+    )
+    .await;
 }
