@@ -230,8 +230,10 @@ fn service<'a>(report: &'a StatusReport, name: &str) -> &'a ServiceStatus {
         .unwrap_or_else(|| panic!("no service {NS}/{name} in {report:#?}"))
 }
 
-/// Whether the agents have written all the test looks at: accrual exported by both,
-/// imported in both clusters with every imported view in sync with its source, ledger's
+/// Whether the agents have written all the test looks at: accrual exported by both, each
+/// export's Pod ready (the EndpointSlice controller publishes it after the Pod is ready,
+/// so an empty source is in sync too), imported in both clusters with every imported view
+/// in sync with its source and holding that ready endpoint, ledger's
 /// type conflict, ghost's Valid condition (the agent handles the three services in no set
 /// order).
 fn converged(report: &StatusReport) -> bool {
@@ -248,9 +250,14 @@ fn converged(report: &StatusReport) -> bool {
         && s.imports.iter().all(|i| {
             i.clusters == ["east", "west"]
                 && i.sources.len() == 2
-                && i.sources.iter().all(|v| v.in_sync == Some(true))
+                && i.sources
+                    .iter()
+                    .all(|v| v.in_sync == Some(true) && v.endpoints.ready == 1)
         })
-        && s.exports.iter().all(|e| e.valid.is_some())
+        && s.exports.len() == 2
+        && s.exports
+            .iter()
+            .all(|e| e.valid.is_some() && e.conflict.is_some() && e.endpoints.ready == 1)
         && ledger.exports.iter().any(|e| {
             e.conflict
                 .as_ref()
