@@ -417,8 +417,13 @@ async fn conformance_11_conflicting_ports_oldest_export_wins(topo: Topo) {
         .get("hello")
         .await
         .unwrap();
+    // Import status is written last, so once it lists both exporters the merged spec of
+    // both is in place (before that it can hold only the first export seen).
     for i in 0..3 {
-        let si = wait_import(set.client(i), NS, "hello", "import", |_| true).await;
+        let si = wait_import(set.client(i), NS, "hello", "import of both", |si| {
+            clusters_of(si).len() == 2
+        })
+        .await;
         assert_eq!(
             port_tuples(&si),
             service_port_tuples(&winner),
@@ -492,7 +497,10 @@ async fn headlessness_conflict(topo: Topo, first: usize, second: usize) {
         assert!(c.reason.contains("TypeConflict"), "{}", c.reason);
     }
     for i in 0..3 {
-        let si = wait_import(set.client(i), NS, "hello", "import", |_| true).await;
+        let si = wait_import(set.client(i), NS, "hello", "import of both", |si| {
+            clusters_of(si).len() == 2
+        })
+        .await;
         assert_eq!(si.spec.type_, expected, "the first exporter's type wins");
     }
 }
