@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # mcs-core stays pure: its normal dependency tree has no runtime, HTTP, Kubernetes client
-# or DNS crate (DESIGN.md, dependency rule).
+# or DNS crate (mcs-core stays pure: no runtime, sockets or clock).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tree=$(cargo tree -p mcs-core -e normal --prefix none --format '{p}')

@@ -4,7 +4,7 @@
 //! also a label value (`multicluster.kubernetes.io/source-cluster`, at most 63 characters)
 //! and a single DNS label in `<hostname>.<clusterid>.<svc>.<ns>.svc.clusterset.local`. For
 //! interoperability mcs requires **one RFC-1123 label of at most 63 characters**
-//! (`SPEC.md` section 5): lowercase letters, digits and `-`, starting and ending with a
+//! (KEP-2149, "Uniqueness"): lowercase letters, digits and `-`, starting and ending with a
 //! letter or digit. A `kube-system` namespace UID (36 characters) fits.
 
 use std::borrow::Borrow;

@@ -1,4 +1,4 @@
-//! Condition types and reasons, spelt exactly as Kubernetes spells them (`SPEC.md` 2.1, 2.2).
+//! Condition types and reasons, spelt exactly as Kubernetes spells them (mcs-api v0.5.0).
 //!
 //! Every type and reason is an enum with `as_str()` and `Display`; none of the strings
 //! appear elsewhere in the code. A `Conflict` condition may carry several reasons at once,

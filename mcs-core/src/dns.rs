@@ -1,4 +1,4 @@
-//! `clusterset.local` DNS answers as plain data (`SPEC.md` section 4).
+//! `clusterset.local` DNS answers as plain data (KEP-1645, "DNS").
 //!
 //! [`ZoneData`] holds what the local cluster knows (its namespaces, ServiceImports and MCS
 //! EndpointSlices); [`ZoneData::answer`] builds the answer to one question. A server (the

@@ -1,4 +1,4 @@
-//! The `clusterset.local` name grammar (`SPEC.md` section 4).
+//! The `clusterset.local` name grammar (KEP-1645, "DNS").
 //!
 //! | form | parsed as |
 //! |---|---|

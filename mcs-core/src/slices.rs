@@ -1,6 +1,6 @@
 //! Reading EndpointSlices: the parts MCS cares about, parsed once at the edge.
 //!
-//! An MCS EndpointSlice (`SPEC.md` section 3) carries `multicluster.kubernetes.io/service-name`
+//! An MCS EndpointSlice (KEP-1645, "EndpointSlice") carries `multicluster.kubernetes.io/service-name`
 //! and `multicluster.kubernetes.io/source-cluster` labels and holds endpoints of exactly one
 //! source cluster. [`McsSlice::parse`] turns one into typed data or a typed error that names
 //! the slice and the problem; [`SliceEndpoints::parse`] reads any slice (for example a

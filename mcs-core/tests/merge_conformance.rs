@@ -1,4 +1,4 @@
-//! The merge-level cases of the upstream conformance suite (`SPEC.md` section 6, cases
+//! The merge-level cases of the upstream conformance suite (sigs.k8s.io/mcs-api `conformance/`, cases
 //! 1-15). Where two clusters export, cluster[0] (`remote`) exports first and cluster[1]
 //! (`local`) 2 s later, as the suite's driver does (it sleeps 1.1 s); `remote` sorts after
 //! `local`, so a pass proves the timestamp decides and not the tie-break. Every two-cluster

@@ -1,5 +1,5 @@
 //! The `clusterset.local` DNS server against a real API server, queried with
-//! hickory-resolver and with `dig` as an independent client (SPEC.md section 4; conformance
+//! hickory-resolver and with `dig` as an independent client (KEP-1645, "DNS"; conformance
 //! cases 22-27 with imports and slices written straight into the cluster).
 
 mod support;

@@ -1,7 +1,7 @@
 //! CustomResourceDefinitions generated from the Rust types.
 //!
 //! The output is schema-equivalent to the upstream CRDs of mcs-api v0.5.0 and about-api
-//! (`SPEC.md`, section 1): same names, short names, scope, versions, subresources, printer
+//! (KEP-1645 and KEP-2149): same names, short names, scope, versions, subresources, printer
 //! columns, required fields, enums, list types and keys and maximum sizes. The only
 //! addition is `ServiceImport.status.endpointSliceObjects` from KEP-1645 (2026), which
 //! upstream has not released yet ([`UNRELEASED_ADDITIONS`]).

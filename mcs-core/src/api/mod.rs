@@ -1,6 +1,6 @@
 //! Wire types for the MCS API (`multicluster.x-k8s.io`) and the About API (`about.k8s.io`).
 //!
-//! The types mirror mcs-api v0.5.0 field for field (see `SPEC.md`, section 1). Both served
+//! The types mirror mcs-api v0.5.0 field for field (KEP-1645, "API"). Both served
 //! versions exist as Rust types with identical schemas: [`v1alpha1`] and [`v1beta1`]
 //! (the storage version). Use [`v1beta1`] unless you talk to a cluster that only serves
 //! `v1alpha1`; `From` conversions go both ways and lose nothing.

@@ -26,7 +26,7 @@ pub const MAX_MESSAGE_LEN: usize = 32_768;
 const LISTED_PORTS: usize = 16;
 
 /// What a merge does with the import already published when the export it came from is
-/// no longer a valid constituent (`SPEC.md` 2.3, traffic stability note).
+/// no longer a valid constituent (KEP-1645, "Constraints and Conflict Resolution").
 ///
 /// Whatever the policy, while the previous winner is still a valid constituent the merge
 /// is the same: the oldest valid export wins. The policies differ only once that export
@@ -216,7 +216,7 @@ pub enum MergeError {
     },
 }
 
-/// Merges every cluster's export of `service` (`SPEC.md` 2.3 and 2.4).
+/// Merges every cluster's export of `service` (KEP-1645, "Constraints and Conflict Resolution").
 ///
 /// The result depends only on the set of constituents, not on their order. `previous` is
 /// the import this service had before (what [`MergeOutcome::import`] returned last time);

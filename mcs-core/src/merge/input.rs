@@ -18,7 +18,7 @@ use crate::conditions::ValidReason;
 /// The highest port number a Service may expose.
 pub const MAX_PORT: i32 = 65_535;
 
-/// What a Service is, as far as exporting goes (`SPEC.md` 2.4, "Type").
+/// What a Service is, as far as exporting goes (KEP-1645, "Service Types").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ServiceKind {
     /// `ClusterIP`, `NodePort` or `LoadBalancer` with a cluster IP: imported as `ClusterSetIP`.
@@ -434,7 +434,7 @@ impl TryFrom<&Service> for ServiceFacts {
     }
 }
 
-/// One cluster's export of one service: a constituent of the merge (`SPEC.md` 2.4).
+/// One cluster's export of one service: a constituent of the merge (KEP-1645).
 ///
 /// It carries the export's creation time (which orders the constituents), its exported
 /// labels and annotations (never the `metadata` ones), and the facts of the local Service,

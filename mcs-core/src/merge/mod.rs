@@ -1,5 +1,5 @@
 //! The merge and conflict engine: every cluster's export of one `<namespace>/<name>` in,
-//! one ServiceImport and the conditions of every export out (`SPEC.md` 2.3, 2.4 and 5).
+//! one ServiceImport and the conditions of every export out (KEP-1645, "Constraints and Conflict Resolution").
 //!
 //! # Inputs
 //!
@@ -14,12 +14,12 @@
 //!
 //! # Rules
 //!
-//! - **Validity** (`SPEC.md` 2.1, 5). An export whose Service is missing is
+//! - **Validity** (KEP-1645). An export whose Service is missing is
 //!   `Valid=False/NoService`; an `ExternalName` Service gives
 //!   `Valid=False/InvalidServiceType`. Neither contributes anything. The others are
 //!   `Valid=True/Valid` and are the constituents. **An import exists iff at least one
 //!   export is valid.**
-//! - **Precedence** (`SPEC.md` 2.3). Oldest `creationTimestamp` first. **Tie-break**: the
+//! - **Precedence** (KEP-1645). Oldest `creationTimestamp` first. **Tie-break**: the
 //!   KEP defines none and timestamps have one-second resolution, so exports created at the
 //!   same instant are ordered by cluster id, lowest first in byte-wise lexical order (the
 //!   order of [`ClusterId`]'s `Ord`). Every cluster computes the same order. The first
@@ -32,7 +32,7 @@
 //!   wins, so the result never repeats a name or a (protocol, port) pair. Ports are
 //!   compared on name, protocol, port and `appProtocol`: **any difference between the port
 //!   sets is a `PortConflict`**, including one cluster having an extra port.
-//! - **Routing** (`SPEC.md` 2.4: "traffic to a port SHOULD go only to endpoints in
+//! - **Routing** (KEP-1645: "traffic to a port SHOULD go only to endpoints in
 //!   clusters whose Service exposes that port"). A cluster may receive traffic for a
 //!   merged port only when its Service exposes that port (same name, protocol and number;
 //!   `appProtocol` is only a hint) **and** can be reached over an IP family the import
@@ -60,7 +60,7 @@
 //! - **Labels and annotations**: only `exportedLabels` / `exportedAnnotations`, never
 //!   `metadata`; the winner's maps are used, and any difference is a `LabelsConflict` /
 //!   `AnnotationsConflict`.
-//! - **Conflict** (`SPEC.md` 2.1, 2.3). A field conflicts when at least one constituent's
+//! - **Conflict** (KEP-1645). A field conflicts when at least one constituent's
 //!   value differs from the published one. `Conflict=True` is set on **every** valid
 //!   export, with the reasons comma-joined in the order of
 //!   [`ConflictReason`](crate::conditions::ConflictReason) and one sentence per field,
@@ -72,7 +72,7 @@
 //! # Traffic stability
 //!
 //! The KEP lets an import stay unchanged when the conflict clears because the oldest
-//! export went away (`SPEC.md` 2.3). [`Stability`] makes the choice explicit:
+//! export went away (KEP-1645). [`Stability`] makes the choice explicit:
 //! [`Stability::Sticky`] (the default) keeps the published properties after their source
 //! export goes away until the caller asks for a fresh merge ([`ClusterSetState::refresh`]),
 //! while [`Stability::Fresh`] always re-elects the oldest valid export. Both behave the
