@@ -1,4 +1,4 @@
-//! The upstream conformance cases 1-16 (SPEC.md section 6) against three real API servers,
+//! The upstream conformance cases 1-16 (sigs.k8s.io/mcs-api `conformance/`) against three real API servers,
 //! each running an in-process `mcs-agent`. Where the result must not depend on which
 //! cluster exports first, both orders run.
 
@@ -542,13 +542,7 @@ async fn conformance_16_endpointslices_with_mcs_labels_everywhere_and_deleted_on
             let clusters: std::collections::BTreeSet<String> = slices
                 .iter()
                 .filter(|s| !s.endpoints.is_empty())
-                .filter_map(|s| {
-                    s.metadata
-                        .labels
-                        .as_ref()?
-                        .get("multicluster.kubernetes.io/source-cluster")
-                        .cloned()
-                })
+                .filter_map(|s| source_cluster(s).map(str::to_owned))
                 .collect();
             (clusters.len() == 2).then_some(slices)
         })

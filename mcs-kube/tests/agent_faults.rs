@@ -164,14 +164,7 @@ impl Agents {
             let Some((.., resync)) = running else {
                 continue;
             };
-            match tokio::time::timeout(CONVERGE, resync.resync()).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => panic!("resync of the agent of {}: {e}", self.ids[i]),
-                Err(_) => panic!(
-                    "the agent of {} did not complete a resync in {CONVERGE:?}",
-                    self.ids[i]
-                ),
-            }
+            complete_resync(resync, &self.ids[i], CONVERGE).await;
         }
     }
 

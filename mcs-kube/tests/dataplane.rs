@@ -312,13 +312,7 @@ async fn case_clusterset_ip_through_dns(lab: &mut Lab, world: &World) {
         |slices| {
             let sources: BTreeSet<String> = slices
                 .iter()
-                .filter_map(|s| {
-                    s.metadata
-                        .labels
-                        .as_ref()?
-                        .get("multicluster.kubernetes.io/source-cluster")
-                        .cloned()
-                })
+                .filter_map(|s| source_cluster(s).map(str::to_owned))
                 .collect();
             sources.is_superset(&both).then_some(sources)
         },

@@ -1,5 +1,5 @@
 //! A ClusterSet for agent tests: real API servers (the `support` harness) with one
-//! in-process `mcs-agent` per member, plus the conformance fixtures (SPEC.md section 6).
+//! in-process `mcs-agent` per member, plus the conformance fixtures (sigs.k8s.io/mcs-api `conformance/`).
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -368,15 +368,7 @@ impl ClusterSet {
     /// until the pass has completed: every service it knows of was reconciled once, and the
     /// writes it decided on were answered. Panics if the agent is not running.
     pub async fn resync(&self, i: usize) {
-        let agent = self.running(i);
-        match tokio::time::timeout(IMPORT_TIMEOUT, agent.resync.resync()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => panic!("resync of the agent of {}: {e}", self.ids[i]),
-            Err(_) => panic!(
-                "the agent of {} did not complete a resync in {IMPORT_TIMEOUT:?}",
-                self.ids[i]
-            ),
-        }
+        complete_resync(&self.running(i).resync, &self.ids[i], IMPORT_TIMEOUT).await;
     }
 
     /// In the hub topology, waits until member `i`'s record of its export `ns/name` is on
@@ -731,18 +723,33 @@ pub async fn set_source(client: &Client, ns: &str, svc: &str, ips: &[&str]) {
         .expect("apply source EndpointSlice");
 }
 
+/// Forces a full resync through `handle` (the agent of cluster `id`) and waits until the
+/// pass has completed; panics if the agent stops first or the pass takes over `timeout`.
+pub async fn complete_resync(handle: &ResyncHandle, id: &ClusterId, timeout: Duration) {
+    match tokio::time::timeout(timeout, handle.resync()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => panic!("resync of the agent of {id}: {e}"),
+        Err(_) => panic!("the agent of {id} did not complete a resync in {timeout:?}"),
+    }
+}
+
+/// The cluster an imported EndpointSlice came from: its
+/// `multicluster.kubernetes.io/source-cluster` label.
+pub fn source_cluster(slice: &EndpointSlice) -> Option<&str> {
+    slice
+        .metadata
+        .labels
+        .as_ref()?
+        .get(mcs_core::api::LABEL_SOURCE_CLUSTER)
+        .map(String::as_str)
+}
+
 /// The addresses the imported slices of `name` in this cluster carry for `source`.
 pub async fn imported_from(client: &Client, ns: &str, name: &str, source: &str) -> Vec<String> {
     let mut addrs: Vec<String> = mcs_slices(client, ns, name)
         .await
         .into_iter()
-        .filter(|s| {
-            s.metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get("multicluster.kubernetes.io/source-cluster"))
-                .is_some_and(|c| c == source)
-        })
+        .filter(|s| source_cluster(s) == Some(source))
         .flat_map(|s| s.endpoints.into_iter().flat_map(|e| e.addresses))
         .collect();
     addrs.sort();
