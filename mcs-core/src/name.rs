@@ -25,10 +25,23 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::api::Protocol;
 use crate::cluster::{
     ClusterId, LabelError, MAX_LABEL_LEN, check_rfc1035_label, check_rfc1123_label,
 };
+
+string_enum! {
+    /// A transport protocol of a service port.
+    #[derive(Default)]
+    Protocol {
+        /// TCP (the default when a port names no protocol).
+        #[default]
+        Tcp = "TCP",
+        /// UDP.
+        Udp = "UDP",
+        /// SCTP.
+        Sctp = "SCTP",
+    }
+}
 
 /// Maximum length of a domain name in presentation form, without the trailing dot.
 pub const MAX_NAME_LEN: usize = 253;

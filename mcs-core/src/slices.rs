@@ -9,11 +9,46 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 
 use crate::ClusterId;
 use crate::api::{LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER, Protocol};
 use crate::name::{Hostname, ServiceName};
+
+k8s_openapi::k8s_if_ge_1_36! {
+    /// The type of `EndpointSlice.endpoints` in the enabled Kubernetes version: optional
+    /// from 1.36 on, a list up to 1.35 (k8s-openapi follows the API). [`endpoints_of`] and
+    /// [`endpoints_field`] read and write it the same way on every version.
+    pub type EndpointsField = Option<Vec<Endpoint>>;
+}
+k8s_openapi::k8s_if_le_1_35! {
+    /// The type of `EndpointSlice.endpoints` in the enabled Kubernetes version: a list up
+    /// to 1.35, optional from 1.36 on (k8s-openapi follows the API). [`endpoints_of`] and
+    /// [`endpoints_field`] read and write it the same way on every version.
+    pub type EndpointsField = Vec<Endpoint>;
+}
+
+/// The endpoints of `slice`, on every Kubernetes version (see [`EndpointsField`]); none
+/// when the field is absent.
+pub fn endpoints_of(slice: &EndpointSlice) -> &[Endpoint] {
+    k8s_openapi::k8s_if_ge_1_36! {
+        slice.endpoints.as_deref().unwrap_or_default()
+    }
+    k8s_openapi::k8s_if_le_1_35! {
+        &slice.endpoints
+    }
+}
+
+/// The value of `EndpointSlice.endpoints` for these endpoints, on every Kubernetes version
+/// (see [`EndpointsField`]).
+pub fn endpoints_field(endpoints: Vec<Endpoint>) -> EndpointsField {
+    k8s_openapi::k8s_if_ge_1_36! {
+        Some(endpoints)
+    }
+    k8s_openapi::k8s_if_le_1_35! {
+        endpoints
+    }
+}
 
 /// Why an EndpointSlice cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -106,8 +141,7 @@ impl SliceEndpoints {
                 address_type: slice.address_type.clone(),
             });
         }
-        let endpoints = slice
-            .endpoints
+        let endpoints = endpoints_of(slice)
             .iter()
             .map(|ep| {
                 let conditions = ep.conditions.as_ref();

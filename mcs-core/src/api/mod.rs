@@ -40,6 +40,9 @@ pub use types::{
 };
 pub use versions::{v1alpha1, v1beta1};
 
+/// A transport protocol of a service port (defined with the names, which need it too).
+pub use crate::name::Protocol;
+
 /// The API group of ServiceExport and ServiceImport.
 pub const MCS_GROUP: &str = "multicluster.x-k8s.io";
 /// The API group of ClusterProperty.
@@ -112,58 +115,6 @@ macro_rules! enum_schema {
 enum_schema!(ServiceImportType, ["ClusterSetIP", "Headless"]);
 enum_schema!(EndpointSliceObjects, ["Present", "Absent"]);
 
-/// Declares a string enum whose CRD schema is a plain `string` (as upstream has it) while
-/// the Rust side accepts only the listed values.
-macro_rules! string_enum {
-    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident = $s:literal,)+ }) => {
-        $(#[$meta])*
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-        pub enum $name {
-            $($(#[$vmeta])* #[serde(rename = $s)] $variant,)+
-        }
-
-        impl $name {
-            /// Every value, in declaration order.
-            pub const ALL: &'static [Self] = &[$(Self::$variant),+];
-
-            /// The exact Kubernetes spelling.
-            pub fn as_str(self) -> &'static str {
-                match self {
-                    $(Self::$variant => $s,)+
-                }
-            }
-
-            /// Parses the exact Kubernetes spelling.
-            pub fn parse(s: &str) -> Option<Self> {
-                match s {
-                    $($s => Some(Self::$variant),)+
-                    _ => None,
-                }
-            }
-        }
-
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-
-        impl JsonSchema for $name {
-            fn schema_name() -> Cow<'static, str> {
-                Cow::Borrowed(stringify!($name))
-            }
-
-            fn inline_schema() -> bool {
-                true
-            }
-
-            fn json_schema(_: &mut SchemaGenerator) -> Schema {
-                json_schema!({ "type": "string" })
-            }
-        }
-    };
-}
-
 string_enum! {
     /// Session affinity of a service (`ClientIP` or `None`).
     SessionAffinity {
@@ -203,20 +154,6 @@ string_enum! {
         IPv4 = "IPv4",
         /// IPv6.
         IPv6 = "IPv6",
-    }
-}
-
-string_enum! {
-    /// A transport protocol of a service port.
-    #[derive(Default)]
-    Protocol {
-        /// TCP (the default when a port names no protocol).
-        #[default]
-        Tcp = "TCP",
-        /// UDP.
-        Udp = "UDP",
-        /// SCTP.
-        Sctp = "SCTP",
     }
 }
 

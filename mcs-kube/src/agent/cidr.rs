@@ -22,6 +22,7 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use mcs_core::ClusterId;
 use mcs_core::api::{CLUSTER_ID_PROPERTY, LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER};
 use mcs_core::cidr::{self, Cidr, ClusterRanges, RangeKind};
+use mcs_core::slices::endpoints_of;
 
 use super::desired::{LABEL_SLICE_MANAGED_BY, MANAGED_BY};
 
@@ -221,16 +222,18 @@ async fn read_imported(client: &kube::Client) -> Result<Vec<ImportedAddress>, ku
         .await?;
     let mut out = Vec::new();
     for slice in slices {
-        let labels = slice.metadata.labels.unwrap_or_default();
+        let Some(labels) = slice.metadata.labels.as_ref() else {
+            continue;
+        };
         let (Some(namespace), Some(service), Some(source)) = (
-            slice.metadata.namespace,
+            slice.metadata.namespace.as_ref(),
             labels.get(LABEL_SERVICE_NAME),
             labels.get(LABEL_SOURCE_CLUSTER),
         ) else {
             continue;
         };
-        for endpoint in slice.endpoints {
-            for address in endpoint.addresses {
+        for endpoint in endpoints_of(&slice) {
+            for address in &endpoint.addresses {
                 if let Ok(address) = address.parse() {
                     out.push(ImportedAddress {
                         namespace: namespace.clone(),

@@ -10,6 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use mcs_core::ClusterId;
 use mcs_core::api::{LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER, ServicePort};
+use mcs_core::slices::{endpoints_field, endpoints_of};
 use sha2::{Digest, Sha256};
 
 /// `endpointslice.kubernetes.io/managed-by` of the slices the agent writes.
@@ -170,7 +171,7 @@ pub fn imported_slices(
         let group = groups
             .entry((slice.address_type.clone(), slice_ports))
             .or_default();
-        for ep in &slice.endpoints {
+        for ep in endpoints_of(slice) {
             let Some(first) = ep.addresses.first() else {
                 continue;
             };
@@ -215,7 +216,7 @@ pub fn imported_slices(
                     labels: Some(labels),
                     ..Default::default()
                 },
-                endpoints: chunk.to_vec(),
+                endpoints: endpoints_field(chunk.to_vec()),
                 ports: Some(
                     ports
                         .iter()

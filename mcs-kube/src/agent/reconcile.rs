@@ -19,6 +19,7 @@ use mcs_core::conditions::{
 };
 use mcs_core::merge::{MergeOutcome, MergedImport};
 use mcs_core::name::ServiceRef;
+use mcs_core::slices::endpoints_of;
 
 use super::desired::{self, LABEL_MANAGED_BY, MANAGED_BY};
 
@@ -536,8 +537,9 @@ fn slice_matches(have: &EndpointSlice, want: &EndpointSlice) -> bool {
 
 fn endpoints_match(have: &EndpointSlice, want: &EndpointSlice) -> bool {
     // The API server fills defaults (conditions) only when absent; compare what we set.
-    have.endpoints.len() == want.endpoints.len()
-        && have.endpoints.iter().zip(&want.endpoints).all(|(h, w)| {
+    let (have, want) = (endpoints_of(have), endpoints_of(want));
+    have.len() == want.len()
+        && have.iter().zip(want).all(|(h, w)| {
             h.addresses == w.addresses
                 && h.hostname == w.hostname
                 && h.zone == w.zone

@@ -10,6 +10,7 @@ use kube::CustomResource;
 use mcs_core::ClusterId;
 use mcs_core::api::{LABEL_SERVICE_NAME, ServiceExportSpec, v1beta1::ServiceExport};
 use mcs_core::name::ServiceRef;
+use mcs_core::slices::{endpoints_field, endpoints_of};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -169,7 +170,7 @@ impl MemberExport {
                     ..meta(&s.name)
                 },
                 address_type: s.address_type.clone(),
-                endpoints: s.endpoints.clone(),
+                endpoints: endpoints_field(s.endpoints.clone()),
                 ports: s.ports.clone(),
             })
             .collect();
@@ -209,8 +210,7 @@ fn record_slice(slice: &EndpointSlice) -> RecordedSlice {
         name: slice.metadata.name.clone().unwrap_or_default(),
         address_type: slice.address_type.clone(),
         ports: slice.ports.clone(),
-        endpoints: slice
-            .endpoints
+        endpoints: endpoints_of(slice)
             .iter()
             .map(|e| Endpoint {
                 addresses: e.addresses.clone(),
