@@ -69,13 +69,13 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(service) = serde_json::from_str::<Service>(text) {
         service_facts(&service);
     }
-    if let Ok(service) = serde_yaml::from_str::<Service>(text) {
+    if let Ok(service) = serde_saphyr::from_str::<Service>(text) {
         service_facts(&service);
     }
     if let Ok(slice) = serde_json::from_str::<EndpointSlice>(text) {
         endpoint_slice(&slice);
     }
-    if let Ok(slice) = serde_yaml::from_str::<EndpointSlice>(text) {
+    if let Ok(slice) = serde_saphyr::from_str::<EndpointSlice>(text) {
         endpoint_slice(&slice);
     }
 });
@@ -95,7 +95,7 @@ where
         let back: T = decode_json(&as_json).unwrap_or_else(|e| panic!("{e}\n{as_json}"));
         assert_eq!(back, expected, "JSON round trip of {as_json}");
 
-        let as_yaml = serde_yaml::to_string(value).expect("encodes as YAML");
+        let as_yaml = serde_saphyr::to_string(value).expect("encodes as YAML");
         let back: T = decode_yaml(&as_yaml).unwrap_or_else(|e| panic!("{e}\n{as_yaml}"));
         assert_eq!(back, expected, "YAML round trip of {as_yaml}");
     }

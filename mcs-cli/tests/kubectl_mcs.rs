@@ -426,7 +426,7 @@ async fn status_and_check_of_a_clusterset() {
     let yaml = kubectl_mcs(&kubeconfig, &["status", "loyalty/ghost", "-o", "yaml"]).await;
     assert_eq!(yaml.code, 0, "{yaml}");
     let from_yaml: StatusReport =
-        serde_yaml::from_str(&yaml.stdout).unwrap_or_else(|e| panic!("not YAML: {e}\n{yaml}"));
+        serde_saphyr::from_str(&yaml.stdout).unwrap_or_else(|e| panic!("not YAML: {e}\n{yaml}"));
     assert_eq!(
         from_yaml.clusters.len(),
         2,

@@ -221,7 +221,7 @@ async fn odeme_is_imported_into_uretim_tr_as_kubectl_and_mcs_dns_show() {
     let kubeconfig = tr.dir().join("uretim.kubeconfig");
     std::fs::write(
         &kubeconfig,
-        serde_yaml::to_string(&merged_kubeconfig(&[&eu, &tr])).expect("kubeconfig as YAML"),
+        serde_saphyr::to_string(&merged_kubeconfig(&[&eu, &tr])).expect("kubeconfig as YAML"),
     )
     .expect("write the merged kubeconfig");
     let kubectl = support::bin_dir().join("kubectl");

@@ -19,7 +19,7 @@ fn assert_round_trip<T>(text: &str) -> T
 where
     T: serde::de::DeserializeOwned + serde::Serialize,
 {
-    let original: Value = serde_yaml::from_str(text).unwrap();
+    let original: Value = serde_saphyr::from_str(text).unwrap();
     let typed: T = decode_yaml(text).unwrap_or_else(|e| panic!("{e}"));
     let again = serde_json::to_value(&typed).unwrap();
     assert_eq!(again, original, "round trip changed the object");

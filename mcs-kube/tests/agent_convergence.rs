@@ -441,12 +441,12 @@ async fn a_peer_whose_read_access_is_revoked_is_dropped_and_recovers() {
 
 fn first_doc<T: serde::de::DeserializeOwned>(yaml: &str) -> T {
     let doc = yaml.split("\n---\n").next().unwrap();
-    serde_yaml::from_str(doc).unwrap()
+    serde_saphyr::from_str(doc).unwrap()
 }
 
 fn second_doc<T: serde::de::DeserializeOwned>(yaml: &str) -> T {
     let doc = yaml.split("\n---\n").nth(1).unwrap();
-    serde_yaml::from_str(doc).unwrap()
+    serde_saphyr::from_str(doc).unwrap()
 }
 
 async fn hand_written_and_malformed_imports_are_left_alone(topo: Topo) {

@@ -653,7 +653,7 @@ fn print_yaml<T: serde::Serialize>(value: &T) {
             meta.remove(noisy);
         }
     }
-    let text = serde_yaml::to_string(&value).unwrap_or_default();
+    let text = serde_saphyr::to_string(&value).unwrap_or_default();
     for line in text.lines() {
         println!("      {line}");
     }

@@ -169,7 +169,7 @@ fn print<T: Serialize>(
             json.push('\n');
             json
         }
-        Output::Yaml => serde_yaml::to_string(report).map_err(|e| e.to_string())?,
+        Output::Yaml => serde_saphyr::to_string(report).map_err(|e| e.to_string())?,
     };
     print!("{text}");
     Ok(())

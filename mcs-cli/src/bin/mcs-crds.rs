@@ -9,23 +9,15 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let hub = std::env::args().skip(1).any(|a| a == "--hub");
-    let rendered = if hub {
-        mcs_kube::hub::crd_yaml().map_err(|e| e.to_string())
+    let yaml = if hub {
+        mcs_kube::hub::crd_yaml()
     } else {
-        mcs_core::api::crd::to_yaml(&mcs_core::api::crd::all()).map_err(|e| e.to_string())
+        mcs_core::api::crd::to_yaml(&mcs_core::api::crd::all())
     };
-    match rendered {
-        Ok(yaml) => {
-            let mut out = std::io::stdout().lock();
-            if let Err(e) = out.write_all(yaml.as_bytes()).and_then(|()| out.flush()) {
-                eprintln!("mcs-crds: cannot write to stdout: {e}");
-                return ExitCode::FAILURE;
-            }
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("mcs-crds: cannot render the CRDs as YAML: {e}");
-            ExitCode::FAILURE
-        }
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_all(yaml.as_bytes()).and_then(|()| out.flush()) {
+        eprintln!("mcs-crds: cannot write to stdout: {e}");
+        return ExitCode::FAILURE;
     }
+    ExitCode::SUCCESS
 }

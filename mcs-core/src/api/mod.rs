@@ -259,13 +259,30 @@ impl DecodeError {
 }
 
 /// Decodes YAML into `T`, reporting the field path of the first problem.
+///
+/// The text must hold exactly one YAML document.
 pub fn decode_yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, DecodeError> {
-    let de = serde_yaml::Deserializer::from_str(text);
-    serde_path_to_error::deserialize(de).map_err(|e| DecodeError::Yaml {
-        kind: short_type_name::<T>(),
-        path: e.path().to_string(),
-        message: e.into_inner().to_string(),
+    // The deserializer lives only inside the closure, so the field path of a failure is
+    // carried out beside the error.
+    let mut path = None;
+    serde_saphyr::with_deserializer_from_str(text, |de| {
+        serde_path_to_error::deserialize(de).map_err(|e| {
+            path = Some(e.path().to_string());
+            e.into_inner()
+        })
     })
+    .map_err(|e| DecodeError::Yaml {
+        kind: short_type_name::<T>(),
+        path: path.unwrap_or_else(|| ".".to_owned()),
+        message: yaml_message(&e),
+    })
+}
+
+/// One line for a YAML error: the parser's own message without the source snippet it
+/// attaches, so the message stays a single line in logs.
+fn yaml_message(error: &serde_saphyr::Error) -> String {
+    let text = error.to_string();
+    text.lines().next().unwrap_or_default().trim().to_owned()
 }
 
 /// Decodes JSON into `T`, reporting the field path of the first problem.

@@ -53,7 +53,7 @@ pub(super) fn admin(name: &str, server: &str, pki: &Pki) -> Kubeconfig {
 
 /// Writes `kubeconfig` to `path` as YAML, for processes started by a test.
 pub fn write(path: &Path, kubeconfig: &Kubeconfig) {
-    let yaml = serde_yaml::to_string(kubeconfig)
+    let yaml = serde_saphyr::to_string(kubeconfig)
         .unwrap_or_else(|e| panic!("serialise the kubeconfig for {}: {e}", path.display()));
     fs::write(path, yaml).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
 }

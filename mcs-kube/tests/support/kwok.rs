@@ -330,16 +330,11 @@ where
 /// StatefulSets, Services, ...), in order, into namespace `ns` unless a document names its
 /// own.
 pub async fn apply_yaml(client: &Client, ns: &str, text: &str) {
-    use serde::Deserialize as _;
-    for doc in serde_yaml::Deserializer::from_str(text) {
-        let value = serde_yaml::Value::deserialize(doc)
-            .unwrap_or_else(|e| panic!("invalid YAML manifest: {e}"));
-        if value.is_null() {
-            continue;
-        }
-        let mut obj: kube::api::DynamicObject =
-            serde_json::from_value(serde_json::to_value(value).expect("YAML to JSON"))
-                .unwrap_or_else(|e| panic!("not a Kubernetes object: {e}"));
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple(text).unwrap_or_else(|e| panic!("invalid YAML manifest: {e}"));
+    for value in docs {
+        let mut obj: kube::api::DynamicObject = serde_json::from_value(value)
+            .unwrap_or_else(|e| panic!("not a Kubernetes object: {e}"));
         obj.metadata.namespace.get_or_insert_with(|| ns.to_owned());
         apply(client, &obj).await;
     }

@@ -5,7 +5,6 @@ use std::path::PathBuf;
 use kube::api::{Api, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::discovery::Scope;
 use kube::{Client, ResourceExt};
-use serde::Deserialize as _;
 
 /// Every document of a manifest of this workspace (`path` from the workspace root), in
 /// order, with each `(from, to)` of `replace` substituted in the text first.
@@ -18,15 +17,12 @@ pub fn manifest_with(path: &str, replace: &[(&str, &str)]) -> Vec<DynamicObject>
     for (from, to) in replace {
         text = text.replace(from, to);
     }
-    serde_yaml::Deserializer::from_str(&text)
-        .filter_map(|doc| {
-            let value = serde_yaml::Value::deserialize(doc)
-                .unwrap_or_else(|e| panic!("{path}: invalid YAML: {e}"));
-            (!value.is_null()).then(|| {
-                let json = serde_json::to_value(value).expect("YAML to JSON");
-                serde_json::from_value::<DynamicObject>(json)
-                    .unwrap_or_else(|e| panic!("{path}: not a Kubernetes object: {e}"))
-            })
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple(&text).unwrap_or_else(|e| panic!("{path}: invalid YAML: {e}"));
+    docs.into_iter()
+        .map(|value| {
+            serde_json::from_value::<DynamicObject>(value)
+                .unwrap_or_else(|e| panic!("{path}: not a Kubernetes object: {e}"))
         })
         .collect()
 }

@@ -10,7 +10,6 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
-use serde::Deserialize;
 
 use super::wait::wait_for;
 
@@ -232,17 +231,9 @@ pub fn load_crds() -> Vec<CustomResourceDefinition> {
     let mut crds = Vec::new();
     for file in files {
         let text = fs::read_to_string(&file).expect("read CRD file");
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let value = serde_yaml::Value::deserialize(doc)
-                .unwrap_or_else(|e| panic!("{}: invalid YAML: {e}", file.display()));
-            if value.is_null() {
-                continue;
-            }
-            let crd: CustomResourceDefinition = serde_yaml::from_value(value).unwrap_or_else(|e| {
-                panic!("{}: not a CustomResourceDefinition: {e}", file.display())
-            });
-            crds.push(crd);
-        }
+        let docs: Vec<CustomResourceDefinition> = serde_saphyr::from_multiple(&text)
+            .unwrap_or_else(|e| panic!("{}: not CustomResourceDefinitions: {e}", file.display()));
+        crds.extend(docs);
     }
     if crds.is_empty() {
         eprintln!("[harness] no CRDs in {}: none installed", dir.display());
