@@ -16,3 +16,8 @@ pub use mcs_client as client;
 
 #[cfg(feature = "kube")]
 pub use mcs_kube as kube;
+
+/// The README's examples, compiled as doctests.
+#[cfg(all(doctest, feature = "api"))]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -183,3 +183,8 @@ pub use resolve::StaticResolver;
 pub use resolve::{DnsBuildError, DnsResolver, DnsResolverBuilder};
 pub use retry::{BufferBody, CloneBody, NoRetry, Replay, ReplayBody, Retry};
 pub use service::Mcs;
+
+/// The README's examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -68,3 +68,8 @@ pub mod name;
 pub mod slices;
 
 pub use cluster::ClusterId;
+
+/// The README's examples, compiled as doctests.
+#[cfg(all(doctest, feature = "api"))]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -10,6 +10,10 @@
 //!
 //! The binaries (`mcs-agent`, `mcs-dns`, `mcs-crds`) are in the `mcs-cli` crate; this
 //! library neither parses command lines nor installs a global `tracing` subscriber.
+//!
+//! Like every library on k8s-openapi, `mcs-kube` enables no Kubernetes version feature:
+//! the application names one (`k8s-openapi = { version = "0.29", features = ["v1_35"] }`,
+//! or `latest`; 1.33 to 1.37 work).
 
 pub mod admin;
 pub mod agent;
@@ -17,3 +21,8 @@ pub mod dns;
 pub mod hub;
 pub mod metrics;
 pub mod resolver;
+
+/// The README's examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
