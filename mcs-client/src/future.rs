@@ -239,6 +239,7 @@ impl Attempt {
         Error::Timeout {
             service: self.target.name.clone(),
             endpoint: self.meta.endpoint.addr,
+            cluster: self.meta.endpoint.cluster.clone(),
             after: self.timeout.unwrap_or_default(),
         }
         .into()

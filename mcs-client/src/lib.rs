@@ -175,7 +175,7 @@ mod target;
 
 pub use classify::Classify;
 pub use connect::Http;
-pub use error::{EndpointError, Error};
+pub use error::{EndpointError, Error, Failure};
 pub use future::{ResponseFuture, Served};
 pub use layer::{Builder, McsLayer};
 pub use resolve::StaticResolver;

@@ -714,16 +714,19 @@ async fn request_timeout_counts_against_the_endpoint() {
     let Error::Timeout {
         service,
         endpoint,
+        cluster,
         after,
+        ..
     } = mcs_error(&err)
     else {
         panic!("{err}")
     };
     assert_eq!(
-        (service.as_str(), *endpoint, *after),
+        (service.as_str(), *endpoint, cluster.as_str(), *after),
         (
             "loyalty/loyalty-accrual:9443",
             ep(1, "east").addr,
+            "east",
             Duration::from_millis(250)
         )
     );

@@ -333,19 +333,56 @@ impl TlsError {
     }
 }
 
+impl TlsError {
+    /// Why the handshake failed, in a few words, starting with `TLS: `.
+    pub(crate) fn reason(&self) -> String {
+        use rustls::{AlertDescription as Alert, CertificateError as Cert, Error as E};
+        let Some(rustls) = self.rustls() else {
+            return format!("TLS: {}", self.source);
+        };
+        let name = &self.server_name;
+        match rustls {
+            E::AlertReceived(Alert::CertificateRequired) => {
+                "TLS: certificate required by the server (the client sent none)".to_owned()
+            }
+            E::AlertReceived(
+                alert @ (Alert::BadCertificate
+                | Alert::UnsupportedCertificate
+                | Alert::CertificateRevoked
+                | Alert::CertificateExpired
+                | Alert::CertificateUnknown
+                | Alert::UnknownCA
+                | Alert::AccessDenied),
+            ) => format!("TLS: client certificate refused by the server ({alert:?})"),
+            E::AlertReceived(alert) => format!("TLS: the server refused the handshake ({alert:?})"),
+            E::InvalidCertificate(Cert::NotValidForName | Cert::NotValidForNameContext { .. }) => {
+                format!("TLS: certificate not valid for {name}")
+            }
+            E::InvalidCertificate(Cert::Expired | Cert::ExpiredContext { .. }) => {
+                "TLS: certificate expired".to_owned()
+            }
+            E::InvalidCertificate(Cert::NotValidYet | Cert::NotValidYetContext { .. }) => {
+                "TLS: certificate not valid yet".to_owned()
+            }
+            E::InvalidCertificate(Cert::UnknownIssuer) => {
+                "TLS: certificate issued by an unknown CA".to_owned()
+            }
+            E::InvalidCertificate(Cert::Revoked) => "TLS: certificate revoked".to_owned(),
+            other => format!("TLS: {other}"),
+        }
+    }
+}
+
 impl fmt::Display for TlsError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.reason())?;
         match &self.peer {
             Some((addr, cluster)) => write!(
                 f,
-                "TLS handshake with endpoint {addr} in cluster {cluster} failed, verifying server name {:?}",
+                " (endpoint {addr} in cluster {cluster}, server name {:?})",
                 self.server_name
             ),
-            None => write!(
-                f,
-                "TLS handshake failed, verifying server name {:?}",
-                self.server_name
-            ),
+            None => write!(f, " (server name {:?})", self.server_name),
         }
     }
 }
