@@ -84,14 +84,19 @@ pub(crate) enum FailureKind {
 }
 
 impl FailureKind {
-    /// Classifies an error by walking its source chain.
+    /// Classifies an error by walking its source chain (into the errors that `io::Error`
+    /// and `h2::Error` carry, see [`chain`](crate::error::chain)).
     pub(crate) fn of(err: &(dyn StdError + 'static)) -> Self {
-        let mut cur: Option<&(dyn StdError + 'static)> = Some(err);
-        while let Some(e) = cur {
-            #[cfg(feature = "tls")]
-            if e.is::<rustls::Error>() || e.is::<crate::connect::TlsError>() {
-                return Self::Connect;
-            }
+        // A TLS failure anywhere in the chain (a handshake refused either way, or the
+        // server's alert after it, such as a refused client certificate, whatever error of
+        // hyper or the socket carries it): no request was processed.
+        #[cfg(feature = "tls")]
+        if crate::error::chain(err)
+            .any(|e| e.is::<rustls::Error>() || e.is::<crate::connect::TlsError>())
+        {
+            return Self::Connect;
+        }
+        for e in crate::error::chain(err) {
             if let Some(e) = e.downcast_ref::<hyper_util::client::legacy::Error>() {
                 if e.is_connect() {
                     return Self::Connect;
@@ -119,13 +124,6 @@ impl FailureKind {
                 }
             } else if let Some(e) = e.downcast_ref::<std::io::Error>() {
                 use std::io::ErrorKind::*;
-                // A TLS failure (a handshake refused either way, or the server's alert
-                // after it, such as a refused client certificate): no request was
-                // processed. `io::Error::source` skips the wrapped error, so look inside.
-                #[cfg(feature = "tls")]
-                if e.get_ref().is_some_and(|inner| inner.is::<rustls::Error>()) {
-                    return Self::Connect;
-                }
                 match e.kind() {
                     ConnectionRefused | AddrNotAvailable | HostUnreachable | NetworkUnreachable => {
                         return Self::Connect;
@@ -136,7 +134,6 @@ impl FailureKind {
                     _ => {}
                 }
             }
-            cur = e.source();
         }
         Self::Other
     }

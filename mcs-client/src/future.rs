@@ -205,9 +205,9 @@ impl Attempt {
                 Ok(response)
             }
             Err(err) => {
-                let kind = FailureKind::of(&*err);
                 #[cfg(feature = "tls")]
-                let err = crate::connect::explain_tls(err, kind);
+                let err = crate::connect::explain_tls(err);
+                let kind = FailureKind::of(&*err);
                 self.meta.failure.increment(1);
                 debug!(service = %self.target.name, endpoint = %self.meta.endpoint.addr,
                     cluster = %self.meta.endpoint.cluster, ?kind, error = %err, "request failed");

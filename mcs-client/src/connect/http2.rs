@@ -13,6 +13,7 @@ use http::{Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper::client::conn::http2::{self, SendRequest};
 use hyper::rt::ReadBufCursor;
+use hyper_util::client::legacy::connect::Connection;
 use hyper_util::rt::TokioExecutor;
 use tower::{BoxError, Service, ServiceExt};
 use tracing::debug;
@@ -84,7 +85,7 @@ where
     C::Connector: Service<Uri, Response = T>,
     <C::Connector as Service<Uri>>::Error: Into<BoxError>,
     <C::Connector as Service<Uri>>::Future: Send,
-    T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    T: hyper::rt::Read + hyper::rt::Write + Connection + Unpin + Send + 'static,
     B: http_body::Body + Unpin + Send + 'static,
     B::Data: Send,
     B::Error: Into<BoxError>,
@@ -111,10 +112,17 @@ pub struct H2Endpoint<C, B> {
 struct Inner<C, B> {
     connector: C,
     builder: http2::Builder<TokioExecutor>,
-    /// The open connection's request handle.
-    current: ArcSwapOption<SendRequest<B>>,
+    /// The open connection.
+    current: ArcSwapOption<Conn<B>>,
     /// Held while connecting, so concurrent first requests share one connection.
     connecting: tokio::sync::Mutex<()>,
+}
+
+/// An open connection: its request handle and what its TLS layer met.
+struct Conn<B> {
+    sender: SendRequest<B>,
+    #[cfg(feature = "tls")]
+    fate: Option<super::TlsFate>,
 }
 
 impl<C, B> Clone for H2Endpoint<C, B> {
@@ -138,7 +146,7 @@ where
     C: Service<Uri, Response = T> + Clone + Send + Sync + 'static,
     C::Error: Into<BoxError>,
     C::Future: Send,
-    T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    T: hyper::rt::Read + hyper::rt::Write + Connection + Unpin + Send + 'static,
     B: http_body::Body + Unpin + Send + 'static,
     B::Data: Send,
     B::Error: Into<BoxError>,
@@ -155,12 +163,16 @@ where
         let inner = Arc::clone(&self.inner);
         Box::pin(async move {
             // Cost once connected: one lock-free load and a handle clone.
-            let mut sender = match inner.current.load_full() {
-                Some(sender) if !sender.is_closed() => SendRequest::clone(&sender),
+            let conn = match inner.current.load_full() {
+                Some(conn) if !conn.sender.is_closed() => conn,
                 _ => inner.connect(req.uri()).await?,
             };
-            sender.ready().await?;
-            Ok(sender.send_request(req).await?)
+            let mut sender = SendRequest::clone(&conn.sender);
+            let sent = async {
+                sender.ready().await?;
+                sender.send_request(req).await
+            };
+            sent.await.map_err(|e| inner.failed(&conn, e.into()))
         })
     }
 }
@@ -170,18 +182,18 @@ where
     C: Service<Uri, Response = T> + Clone + Send + Sync + 'static,
     C::Error: Into<BoxError>,
     C::Future: Send,
-    T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    T: hyper::rt::Read + hyper::rt::Write + Connection + Unpin + Send + 'static,
     B: http_body::Body + Unpin + Send + 'static,
     B::Data: Send,
     B::Error: Into<BoxError>,
 {
     /// The open connection, or a new one.
-    async fn connect(&self, uri: &Uri) -> Result<SendRequest<B>, BoxError> {
+    async fn connect(&self, uri: &Uri) -> Result<Arc<Conn<B>>, BoxError> {
         let _connecting = self.connecting.lock().await;
-        if let Some(sender) = self.current.load_full()
-            && !sender.is_closed()
+        if let Some(conn) = self.current.load_full()
+            && !conn.sender.is_closed()
         {
-            return Ok(SendRequest::clone(&sender));
+            return Ok(conn);
         }
         let io = self
             .connector
@@ -189,14 +201,40 @@ where
             .oneshot(uri.clone())
             .await
             .map_err(Into::into)?;
+        #[cfg(feature = "tls")]
+        let fate = super::TlsFate::of(&io.connected());
         let (sender, connection) = self.builder.handshake(ReadAfterReset::new(io)).await?;
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 debug!(error = %e, "HTTP/2 connection ended");
             }
         });
-        self.current.store(Some(Arc::new(sender.clone())));
-        Ok(sender)
+        let conn = Arc::new(Conn {
+            sender,
+            #[cfg(feature = "tls")]
+            fate,
+        });
+        self.current.store(Some(Arc::clone(&conn)));
+        Ok(conn)
+    }
+
+    /// The error of a request that failed on `conn`. When the connection's TLS layer
+    /// failed (in TLS 1.3, the server's refusal of the client certificate arrives after
+    /// the handshake), the connection is dropped, so that the next request makes a new one
+    /// rather than meeting the dead one before its task has closed it, and an error that
+    /// does not say why (the request was canceled, the channel closed) becomes the
+    /// [`TlsError`](super::TlsError).
+    fn failed(&self, conn: &Arc<Conn<B>>, err: BoxError) -> BoxError {
+        #[cfg(feature = "tls")]
+        if let Some(fate) = &conn.fate
+            && fate.failed()
+        {
+            self.current.compare_and_swap(conn, None::<Arc<Conn<B>>>);
+            return fate.explain(err);
+        }
+        #[cfg(not(feature = "tls"))]
+        let _ = conn;
+        err
     }
 }
 

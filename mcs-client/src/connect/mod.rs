@@ -36,9 +36,9 @@ pub use dial::{Dial, Tcp};
 pub use http::{Http, MakeConnector};
 pub use http2::{H2Endpoint, Http2};
 #[cfg(feature = "tls")]
-pub(crate) use tls::explain as explain_tls;
-#[cfg(feature = "tls")]
 pub use tls::{MaybeTls, Tls, TlsConnect, TlsError, TlsStream};
+#[cfg(feature = "tls")]
+pub(crate) use tls::{TlsFate, explain as explain_tls};
 
 use std::any::Any;
 use std::fmt;

@@ -7,6 +7,7 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
@@ -18,6 +19,7 @@ use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::rt::TokioIo;
 use rustls::ClientConfig;
 use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tower::{BoxError, Service};
 use tracing::debug;
@@ -212,12 +214,15 @@ impl Service<Uri> for TlsConnect {
                 .await
                 .map_err(|e| fail(unwrap_rustls(e)))?;
             Ok(MaybeTls::Tls(Box::new(TlsStream {
-                io: TokioIo::new(tls),
-                fate: TlsFate(Arc::new(Fate {
-                    peer,
-                    server_name: name,
-                    error: OnceLock::new(),
-                })),
+                io: TokioIo::new(Watched {
+                    tls,
+                    fate: TlsFate(Arc::new(Fate {
+                        peer,
+                        server_name: name,
+                        error: OnceLock::new(),
+                        answered: AtomicBool::new(false),
+                    })),
+                }),
             })))
         })
     }
@@ -239,64 +244,103 @@ fn rustls_in(e: &io::Error) -> Option<&rustls::Error> {
 }
 
 /// What a TLS connection met at its end: the first rustls error its reads or writes
-/// returned. It rides in hyper-util's `Connected` extras, so that [`explain`] can name it.
+/// returned. It rides in hyper-util's `Connected` extras, so that [`explain`] (and
+/// [`Http2`](super::Http2)'s connections) can name it.
 ///
 /// One `Arc`, so that the clone hyper-util copies into every response is cheap.
 #[derive(Clone, Debug)]
-struct TlsFate(Arc<Fate>);
+pub(crate) struct TlsFate(Arc<Fate>);
 
 #[derive(Debug)]
 struct Fate {
     peer: Option<(SocketAddr, ClusterId)>,
     server_name: Arc<str>,
     error: OnceLock<rustls::Error>,
+    /// Whether the server sent any application data. A TLS error before that means the
+    /// server refused the connection in its handshake: it processed no request.
+    answered: AtomicBool,
 }
 
 impl TlsFate {
-    fn record<T>(&self, result: &Poll<io::Result<T>>) {
-        if let Poll::Ready(Err(e)) = result
-            && let Some(rustls) = rustls_in(e)
-        {
-            // The first error is the cause; later ones follow from it.
-            let _ = self.0.error.set(rustls.clone());
+    /// The fate of the connection described by `connected`, if it is one of ours.
+    pub(crate) fn of(connected: &Connected) -> Option<Self> {
+        let mut extras = http::Extensions::new();
+        connected.get_extras(&mut extras);
+        extras.remove::<TlsFate>()
+    }
+
+    /// Whether the connection met a TLS error.
+    pub(crate) fn failed(&self) -> bool {
+        self.0.error.get().is_some()
+    }
+
+    fn error(&self, rustls: rustls::Error) -> TlsError {
+        TlsError {
+            peer: self.0.peer.clone(),
+            server_name: self.0.server_name.to_string(),
+            source: Box::new(rustls),
         }
+    }
+
+    /// Records the first rustls error, and returns every one as a [`TlsError`] inside the
+    /// `io::Error` (same kind), so that whatever hyper makes of it names the endpoint and
+    /// the cause.
+    fn map<T>(&self, result: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        match result {
+            Poll::Ready(Err(e)) => Poll::Ready(Err(self.map_err(e))),
+            other => other,
+        }
+    }
+
+    fn map_err(&self, e: io::Error) -> io::Error {
+        match rustls_in(&e) {
+            Some(rustls) => {
+                // The first error is the cause; later ones follow from it.
+                let _ = self.0.error.set(rustls.clone());
+                io::Error::new(e.kind(), self.error(rustls.clone()))
+            }
+            None => e,
+        }
+    }
+
+    /// Names the TLS error behind a request that a dead connection did not send.
+    ///
+    /// In TLS 1.3 the client's side of the handshake ends before the server has checked
+    /// the client's certificate, so a refused (or missing) client certificate arrives as an
+    /// alert on the first read after the handshake. If the connection's task reads it
+    /// before the request is handed over, hyper fails the request with a bare "connection
+    /// was not ready", "operation was canceled" or "channel closed" and drops the alert.
+    /// (h2 also keeps only the text of the I/O error that ends a connection.) When this
+    /// connection recorded a rustls error, such a request's error becomes a [`TlsError`]
+    /// with that error as its source. Only errors that do not carry a TLS error already are
+    /// changed, and only of requests that were not sent, or on a connection on which the
+    /// server never sent data (it refused the connection: it processed nothing).
+    pub(crate) fn explain(&self, err: BoxError) -> BoxError {
+        let Some(rustls) = self.0.error.get() else {
+            return err;
+        };
+        let refused = !self.0.answered.load(Ordering::Relaxed);
+        if !(refused || FailureKind::of(&*err) == FailureKind::NotSent)
+            || crate::error::chain(&*err).any(|e| e.is::<TlsError>())
+        {
+            return err;
+        }
+        debug!(error = %err, tls = %rustls, "the request was not sent: its TLS connection had failed");
+        Box::new(self.error(rustls.clone()))
     }
 }
 
-/// Names the TLS error behind a request that a dead connection did not send.
-///
-/// In TLS 1.3 the client's side of the handshake ends before the server has checked the
-/// client's certificate, so a refused (or missing) client certificate arrives as an alert
-/// on the first read after the handshake. If the connection's task reads it before the
-/// request is handed over, hyper-util fails the request with a bare "connection was not
-/// ready" and drops the alert. When the connection was one of ours and recorded a rustls
-/// error, the request's error becomes a [`TlsError`] with that error as its source. Only
-/// requests that were not sent are changed; any other error is left as it is.
-pub(crate) fn explain(err: BoxError, kind: FailureKind) -> BoxError {
-    if kind != FailureKind::NotSent {
-        return err;
-    }
-    let Some(info) = err
+/// [`TlsFate::explain`] for an error of hyper-util's client, which carries the connection's
+/// `Connected`.
+pub(crate) fn explain(err: BoxError) -> BoxError {
+    let fate = err
         .downcast_ref::<hyper_util::client::legacy::Error>()
         .and_then(|e| e.connect_info())
-    else {
-        return err;
-    };
-    let mut extras = http::Extensions::new();
-    info.get_extras(&mut extras);
-    let Some(fate) = extras.get::<TlsFate>() else {
-        return err;
-    };
-    let fate = &*fate.0;
-    let Some(rustls) = fate.error.get() else {
-        return err;
-    };
-    debug!(error = %err, tls = %rustls, "the request was not sent: its TLS connection had failed");
-    Box::new(TlsError {
-        peer: fate.peer.clone(),
-        server_name: fate.server_name.to_string(),
-        source: Box::new(rustls.clone()),
-    })
+        .and_then(TlsFate::of);
+    match fate {
+        Some(fate) => fate.explain(err),
+        None => err,
+    }
 }
 
 /// A TLS handshake that failed: the endpoint, its cluster, the server name verified and why.
@@ -404,17 +448,125 @@ pub enum MaybeTls {
 
 /// A TLS connection made by [`TlsConnect`]. It remembers the first rustls error it met
 /// (such as the server's alert refusing the client certificate), so that a request the
-/// dead connection could not send still fails with that error.
+/// dead connection could not send still fails with that error, and returns every rustls
+/// error as a [`TlsError`] inside the `io::Error`.
 #[derive(Debug)]
 pub struct TlsStream {
-    io: TokioIo<tokio_rustls::client::TlsStream<TcpStream>>,
-    fate: TlsFate,
+    io: TokioIo<Watched>,
 }
 
 impl TlsStream {
     /// The tokio-rustls stream: the TCP stream and the rustls client connection.
     pub fn get_ref(&self) -> &tokio_rustls::client::TlsStream<TcpStream> {
-        self.io.inner()
+        &self.io.inner().tls
+    }
+}
+
+/// The tokio-rustls stream and what it met.
+#[derive(Debug)]
+struct Watched {
+    tls: tokio_rustls::client::TlsStream<TcpStream>,
+    fate: TlsFate,
+}
+
+impl Watched {
+    /// The result of a write-side operation, its rustls error mapped (see
+    /// [`TlsFate::map`]).
+    ///
+    /// A write that fails because the server reset or closed the connection may hide the
+    /// reason the server sent before closing: a TLS 1.3 server that refuses the client's
+    /// certificate sends its alert and closes, and a request written meanwhile meets the
+    /// reset. Then what the server sent is read, and if it holds a TLS alert, the write
+    /// fails with it. Cost: nothing unless a write fails.
+    fn written<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        result: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        if let Poll::Ready(Err(e)) = &result
+            && !self.fate.failed()
+            && rustls_in(e).is_none()
+            && matches!(
+                e.kind(),
+                io::ErrorKind::BrokenPipe
+                    | io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::ConnectionAborted
+            )
+            && let Some(alert) = self.read_alert(cx)
+        {
+            return Poll::Ready(Err(self.fate.map_err(alert)));
+        }
+        self.fate.map(result)
+    }
+
+    /// Reads what the server sent, up to the first error carrying a rustls error (the
+    /// connection is dead: the data is of no use to anyone).
+    fn read_alert(&mut self, cx: &mut Context<'_>) -> Option<io::Error> {
+        let mut scratch = [0u8; 1024];
+        // Bounded: a few records' worth of whatever came before the alert.
+        for _ in 0..16 {
+            let mut buf = tokio::io::ReadBuf::new(&mut scratch);
+            match Pin::new(&mut self.tls).poll_read(cx, &mut buf) {
+                Poll::Ready(Ok(())) if !buf.filled().is_empty() => {}
+                Poll::Ready(Err(e)) if rustls_in(&e).is_some() => return Some(e),
+                _ => return None,
+            }
+        }
+        None
+    }
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let result = this.fate.map(Pin::new(&mut this.tls).poll_read(cx, buf));
+        // Cost: one relaxed load per read, one store per connection.
+        if buf.filled().len() > before && !this.fate.0.answered.load(Ordering::Relaxed) {
+            this.fate.0.answered.store(true, Ordering::Relaxed);
+        }
+        result
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.tls).poll_write(cx, buf);
+        this.written(cx, result)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.tls).poll_write_vectored(cx, bufs);
+        this.written(cx, result)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.tls.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.tls).poll_flush(cx);
+        this.written(cx, result)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        this.fate.map(Pin::new(&mut this.tls).poll_shutdown(cx))
     }
 }
 
@@ -425,7 +577,7 @@ impl Connection for MaybeTls {
             Self::Tls(tls) => {
                 let (tcp, session) = tls.get_ref().get_ref();
                 // hyper-util copies the extras into every response: one Arc clone.
-                let connected = tcp.connected().extra(tls.fate.clone());
+                let connected = tcp.connected().extra(tls.io.inner().fate.clone());
                 if session.alpn_protocol() == Some(b"h2") {
                     connected.negotiated_h2()
                 } else {
@@ -444,11 +596,7 @@ impl Read for MaybeTls {
     ) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Self::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Self::Tls(s) => {
-                let r = Pin::new(&mut s.io).poll_read(cx, buf);
-                s.fate.record(&r);
-                r
-            }
+            Self::Tls(s) => Pin::new(&mut s.io).poll_read(cx, buf),
         }
     }
 }
@@ -461,22 +609,14 @@ impl Write for MaybeTls {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Self::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Self::Tls(s) => {
-                let r = Pin::new(&mut s.io).poll_write(cx, buf);
-                s.fate.record(&r);
-                r
-            }
+            Self::Tls(s) => Pin::new(&mut s.io).poll_write(cx, buf),
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Self::Plain(s) => Pin::new(s).poll_flush(cx),
-            Self::Tls(s) => {
-                let r = Pin::new(&mut s.io).poll_flush(cx);
-                s.fate.record(&r);
-                r
-            }
+            Self::Tls(s) => Pin::new(&mut s.io).poll_flush(cx),
         }
     }
 
@@ -501,11 +641,7 @@ impl Write for MaybeTls {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Self::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Self::Tls(s) => {
-                let r = Pin::new(&mut s.io).poll_write_vectored(cx, bufs);
-                s.fate.record(&r);
-                r
-            }
+            Self::Tls(s) => Pin::new(&mut s.io).poll_write_vectored(cx, bufs),
         }
     }
 }

@@ -90,6 +90,17 @@ impl Ca {
         self.sign(params)
     }
 
+    /// A server certificate for these DNS names that expired on 1 January 2020.
+    pub fn expired_server(&self, names: &[&str]) -> Identity {
+        let mut params =
+            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .unwrap();
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.not_before = rcgen::date_time_ymd(2019, 1, 1);
+        params.not_after = rcgen::date_time_ymd(2020, 1, 1);
+        self.sign(params)
+    }
+
     /// A client certificate with this common name.
     pub fn client(&self, name: &str) -> Identity {
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
@@ -116,8 +127,18 @@ impl Ca {
     /// A client configuration trusting this CA, with `identity` as its client certificate
     /// (mTLS) if given, offering `alpn`.
     pub fn client_config(&self, identity: Option<&Identity>, alpn: &[&[u8]]) -> ClientConfig {
+        self.client_config_for(identity, alpn, rustls::DEFAULT_VERSIONS)
+    }
+
+    /// [`Ca::client_config`] speaking only these TLS versions.
+    pub fn client_config_for(
+        &self,
+        identity: Option<&Identity>,
+        alpn: &[&[u8]],
+        versions: &[&'static rustls::SupportedProtocolVersion],
+    ) -> ClientConfig {
         let builder = ClientConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
+            .with_protocol_versions(versions)
             .unwrap()
             .with_root_certificates(self.roots());
         let mut config = match identity {
