@@ -32,9 +32,11 @@
 //! name (`loyalty-accrual.loyalty.svc.clusterset.local`), or the name you configure per
 //! service or by a function of the target (certificates are often issued for the
 //! `cluster.local` name); never the endpoint's IP. A handshake that fails (wrong name,
-//! unknown CA, expired, client certificate refused) is a [`connect::TlsError`] naming the
-//! endpoint, its cluster and the name verified, inside an [`EndpointError`]; it counts as a
-//! connect failure: retried on another endpoint when retries are on, and towards ejection.
+//! unknown CA, expired, client certificate refused, in TLS 1.3 also when the refusal comes
+//! after the handshake) is a [`connect::TlsError`] naming the endpoint, its cluster, the
+//! name verified and the cause, inside an [`EndpointError`] ([`Failure::of`] finds it); it
+//! counts as a connect failure: retried on another endpoint when retries are on, and
+//! towards ejection.
 //!
 //! # Start here: plaintext
 //!
@@ -153,10 +155,29 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Errors
+//!
 //! Errors travel as `tower::BoxError`; the layer's own are [`Error`]s
 //! (`err.downcast_ref::<mcs_client::Error>()`), an endpoint's failure is an
 //! [`EndpointError`]. Responses carry [`Served`] in their extensions: which endpoint,
 //! cluster and tier.
+//!
+//! [`Failure::of`] is the one way to ask any of these errors what happened, the same for
+//! every connector ([`Http`], [`connect::Http2`], TLS 1.2 or 1.3): [`Failure::Tls`] with
+//! the [`connect::TlsError`] (also when a TLS 1.3 server refuses the client certificate
+//! after the handshake), `ConnectionRefused`, `ConnectionClosed`, `NotProcessed` (HTTP/2
+//! `REFUSED_STREAM` or `GOAWAY`), `Timeout`, `NoEndpoints`, `Resolve`, ... It looks
+//! through hyper-util's `client error (Connect)` / `(SendRequest)` layers and the errors
+//! `io::Error` and h2 carry, so callers never walk `source()`. Logged with `{err}`, an
+//! endpoint's failure names the endpoint, its cluster and the cause in one line:
+//!
+//! ```text
+//! request to loyalty/loyalty-accrual:9443 failed at endpoint 127.10.0.1:9443 in cluster east: TLS: certificate required by the server (the client sent none)
+//! request to loyalty/loyalty-accrual:9443 failed at endpoint 127.20.0.1:9443 in cluster west: TLS: certificate not valid for loyalty-accrual.loyalty.svc.cluster.local
+//! request to loyalty/loyalty-accrual:9443 failed at endpoint 127.10.0.2:9443 in cluster east: connection refused
+//! no endpoints for loyalty/loyalty-accrual:9443: none ready for 3s
+//! resolve failed for loyalty/loyalty-accrual:9443: ... (no endpoint set after 5s)
+//! ```
 //!
 //! [`Target`]: mcs_core::discovery::Target
 //! [`Resolve`]: mcs_core::discovery::Resolve
