@@ -5,7 +5,7 @@ use std::future::Future;
 use std::io;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 
 use arc_swap::ArcSwapOption;
@@ -97,7 +97,7 @@ where
             inner: Arc::new(Inner {
                 connector: self.connect.endpoint(target),
                 builder: self.builder.clone(),
-                current: ArcSwapOption::empty(),
+                current: Arc::new(ArcSwapOption::empty()),
                 connecting: tokio::sync::Mutex::new(()),
             }),
         }
@@ -112,8 +112,8 @@ pub struct H2Endpoint<C, B> {
 struct Inner<C, B> {
     connector: C,
     builder: http2::Builder<TokioExecutor>,
-    /// The open connection.
-    current: ArcSwapOption<Conn<B>>,
+    /// The open connection; its task clears it when the connection ends.
+    current: Arc<ArcSwapOption<Conn<B>>>,
     /// Held while connecting, so concurrent first requests share one connection.
     connecting: tokio::sync::Mutex<()>,
 }
@@ -167,12 +167,19 @@ where
                 Some(conn) if !conn.sender.is_closed() => conn,
                 _ => inner.connect(req.uri()).await?,
             };
+            let conn_ref = ConnRef::of(&conn);
             let mut sender = SendRequest::clone(&conn.sender);
+            // Only the cache and requests being handed over hold the connection's handle
+            // (see `Inner::connect`).
+            drop(conn);
             let sent = async {
                 sender.ready().await?;
-                sender.send_request(req).await
+                let response = sender.send_request(req);
+                // Once handed over, the request waits on its own channel, not the handle.
+                drop(sender);
+                response.await
             };
-            sent.await.map_err(|e| inner.failed(&conn, e.into()))
+            sent.await.map_err(|e| inner.failed(&conn_ref, e.into()))
         })
     }
 }
@@ -188,6 +195,15 @@ where
     B::Error: Into<BoxError>,
 {
     /// The open connection, or a new one.
+    ///
+    /// When the connection ends, its task drops the cached handle. hyper queues requests
+    /// to the connection's dispatcher on a tokio channel, and a request queued while the
+    /// dispatcher is dropped (in TLS 1.3, the server's refusal of the client certificate
+    /// ends the connection as the first request is handed over) can stay in the channel,
+    /// never answered, until the last handle is dropped. So only the cache holds a handle
+    /// for long: a request holds one only while handing itself over, and the dispatcher's
+    /// end drops the cached one, which fails such a request as not sent ("connection
+    /// closed") instead of leaving it waiting forever.
     async fn connect(&self, uri: &Uri) -> Result<Arc<Conn<B>>, BoxError> {
         let _connecting = self.connecting.lock().await;
         if let Some(conn) = self.current.load_full()
@@ -204,17 +220,22 @@ where
         #[cfg(feature = "tls")]
         let fate = super::TlsFate::of(&io.connected());
         let (sender, connection) = self.builder.handshake(ReadAfterReset::new(io)).await?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                debug!(error = %e, "HTTP/2 connection ended");
-            }
-        });
         let conn = Arc::new(Conn {
             sender,
             #[cfg(feature = "tls")]
             fate,
         });
         self.current.store(Some(Arc::clone(&conn)));
+        let (current, weak) = (Arc::clone(&self.current), Arc::downgrade(&conn));
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                debug!(error = %e, "HTTP/2 connection ended");
+            }
+            // The dispatcher is gone: drop the cached handle (see above).
+            if let Some(conn) = weak.upgrade() {
+                current.compare_and_swap(&conn, None::<Arc<Conn<B>>>);
+            }
+        });
         Ok(conn)
     }
 
@@ -224,17 +245,37 @@ where
     /// rather than meeting the dead one before its task has closed it, and an error that
     /// does not say why (the request was canceled, the channel closed) becomes the
     /// [`TlsError`](super::TlsError).
-    fn failed(&self, conn: &Arc<Conn<B>>, err: BoxError) -> BoxError {
+    fn failed(&self, conn_ref: &ConnRef<B>, err: BoxError) -> BoxError {
         #[cfg(feature = "tls")]
-        if let Some(fate) = &conn.fate
+        if let Some(fate) = &conn_ref.fate
             && fate.failed()
         {
-            self.current.compare_and_swap(conn, None::<Arc<Conn<B>>>);
+            if let Some(conn) = conn_ref.conn.upgrade() {
+                self.current.compare_and_swap(&conn, None::<Arc<Conn<B>>>);
+            }
             return fate.explain(err);
         }
         #[cfg(not(feature = "tls"))]
-        let _ = conn;
+        let _ = &conn_ref.conn;
         err
+    }
+}
+
+/// What a request keeps of its connection to explain a failure, without holding the
+/// connection's handle (see [`Inner::connect`]).
+struct ConnRef<B> {
+    conn: Weak<Conn<B>>,
+    #[cfg(feature = "tls")]
+    fate: Option<super::TlsFate>,
+}
+
+impl<B> ConnRef<B> {
+    fn of(conn: &Arc<Conn<B>>) -> Self {
+        Self {
+            conn: Arc::downgrade(conn),
+            #[cfg(feature = "tls")]
+            fate: conn.fate.clone(),
+        }
     }
 }
 
