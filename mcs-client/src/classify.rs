@@ -83,6 +83,16 @@ pub(crate) enum FailureKind {
     Other,
 }
 
+/// Whether an I/O error of this kind means no TCP connection was made (refused, or no
+/// route to the address).
+pub(crate) fn no_connection(kind: std::io::ErrorKind) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        kind,
+        ConnectionRefused | AddrNotAvailable | HostUnreachable | NetworkUnreachable
+    )
+}
+
 impl FailureKind {
     /// Classifies an error by walking its source chain (into the errors that `io::Error`
     /// and `h2::Error` carry, see [`chain`](crate::error::chain)).
@@ -125,9 +135,7 @@ impl FailureKind {
             } else if let Some(e) = e.downcast_ref::<std::io::Error>() {
                 use std::io::ErrorKind::*;
                 match e.kind() {
-                    ConnectionRefused | AddrNotAvailable | HostUnreachable | NetworkUnreachable => {
-                        return Self::Connect;
-                    }
+                    kind if no_connection(kind) => return Self::Connect,
                     ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof => {
                         return Self::Closed;
                     }

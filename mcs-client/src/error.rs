@@ -78,6 +78,15 @@ pub enum Error {
         /// The configured timeout.
         after: Duration,
     },
+    /// A resolver that is given host names without ports (reqwest's) has no service port
+    /// configured for this service (see `ClusterSetDns::port`, feature `reqwest`).
+    #[error(
+        "host {host:?}: no service port configured for it (reqwest gives a resolver the host only; set one with ClusterSetDns::port or ::service_port)"
+    )]
+    NoServicePort {
+        /// The host as the request named it.
+        host: String,
+    },
     /// The layer was used outside a Tokio runtime, so it cannot start discovery.
     #[error("the mcs layer needs a Tokio runtime to run discovery for {service}")]
     NoRuntime {
@@ -99,7 +108,9 @@ impl Error {
     /// The service (`<namespace>/<name>:<port>`) or host this error is about.
     pub fn service(&self) -> &str {
         match self {
-            Self::InvalidName { host, .. } | Self::NotAService { host, .. } => host,
+            Self::InvalidName { host, .. }
+            | Self::NotAService { host, .. }
+            | Self::NoServicePort { host } => host,
             Self::Resolve { service, .. }
             | Self::DoesNotExist { service }
             | Self::NoEndpoints { service, .. }
@@ -210,6 +221,8 @@ pub enum Failure<'a> {
     InvalidName,
     /// [`Error::NotAService`].
     NotAService,
+    /// [`Error::NoServicePort`].
+    NoServicePort,
     /// [`Error::Resolve`]: the first resolution failed or did not finish in time.
     Resolve,
     /// [`Error::DoesNotExist`].
@@ -257,6 +270,7 @@ impl Error {
         match self {
             Self::InvalidName { .. } => Failure::InvalidName,
             Self::NotAService { .. } => Failure::NotAService,
+            Self::NoServicePort { .. } => Failure::NoServicePort,
             Self::Resolve { .. } => Failure::Resolve,
             Self::DoesNotExist { .. } => Failure::DoesNotExist,
             Self::NoEndpoints { .. } => Failure::NoEndpoints,

@@ -55,6 +55,12 @@ impl McsLayer {
 }
 
 impl<R> McsLayer<R> {
+    /// What every service of this layer shares.
+    #[cfg_attr(not(feature = "reqwest"), allow(dead_code))]
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
     /// How many services (service and port pairs) have live discovery.
     pub fn active_services(&self) -> usize {
         self.shared.registry.len()

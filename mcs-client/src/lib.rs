@@ -155,6 +155,12 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # reqwest
+//!
+//! reqwest picks its own connections, so the layer cannot wrap it; the `reqwest` module
+//! (feature `reqwest`) gives it a DNS resolver over the same discovery and balancer, which
+//! balances each new connection (not each request) and fails over to other clusters.
+//!
 //! # Errors
 //!
 //! Errors travel as `tower::BoxError`; the layer's own are [`Error`]s
@@ -188,6 +194,8 @@ mod error;
 mod future;
 mod layer;
 pub mod metrics;
+#[cfg(feature = "reqwest")]
+pub mod reqwest;
 pub mod resolve;
 mod retry;
 mod service;

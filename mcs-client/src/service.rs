@@ -241,7 +241,7 @@ fn default_port(scheme: Option<&Scheme>) -> u16 {
 }
 
 /// Waits, within the configured limits, until a pick succeeds.
-async fn wait_for_pick(
+pub(crate) async fn wait_for_pick(
     shared: &Shared,
     target: &TargetShared,
     started: Instant,

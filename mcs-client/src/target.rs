@@ -16,7 +16,7 @@ use tokio::task::AbortHandle;
 use tracing::{Instrument, debug, info_span, warn};
 
 use mcs_core::discovery::{Endpoint, EndpointTable, Resolution, Resolve, Target, Update};
-use mcs_core::endpoints::{Balancer, BalancerConfig, Locality};
+use mcs_core::endpoints::{Balancer, BalancerConfig, Locality, Outcome};
 use mcs_core::name::{McsName, Zone};
 
 use crate::connect::Conns;
@@ -189,6 +189,38 @@ impl TargetShared {
         self.metrics
             .ejected
             .set(self.balancer.ejected_at(now) as f64);
+    }
+
+    /// Feeds back an outcome for `addr` observed outside a request (a connection a pool
+    /// made or failed to make), counted in the endpoint's outcome metrics like a request's.
+    /// Nothing happens when the address is not in the pick set.
+    #[cfg_attr(not(feature = "reqwest"), allow(dead_code))]
+    pub(crate) fn report(
+        &self,
+        addr: SocketAddr,
+        outcome: Outcome,
+        latency: Duration,
+        now: Instant,
+    ) {
+        let snapshot = self.balancer.snapshot();
+        let Some(state) = snapshot.find(addr) else {
+            return;
+        };
+        let listed = self.endpoints.load();
+        let meta = listed.get(&addr).map(|l| &l.meta);
+        if let Some(meta) = meta {
+            match outcome {
+                Outcome::Success => meta.success.increment(1),
+                Outcome::Failure => meta.failure.increment(1),
+            }
+        }
+        if state.report(outcome, latency, now) {
+            if let Some(meta) = meta {
+                meta.ejections.increment(1);
+            }
+            self.publish_ejected(now);
+            debug!(service = %self.name, endpoint = %addr, "endpoint ejected by outlier detection");
+        }
     }
 
     /// Notes that a pick found endpoints.
@@ -380,6 +412,12 @@ impl Registry {
         }
     }
 
+    /// The ClusterSet zone.
+    #[cfg_attr(not(feature = "reqwest"), allow(dead_code))]
+    pub(crate) fn zone(&self) -> &Zone {
+        &self.config.zone
+    }
+
     /// Routes a request by its host and port.
     ///
     /// Cost on the hot path: a case-insensitive suffix compare, one lock-free snapshot load
@@ -564,7 +602,7 @@ async fn discover(
 }
 
 /// What kind of name a valid non-service ClusterSet name is, for errors.
-fn form_of(name: &McsName) -> &'static str {
+pub(crate) fn form_of(name: &McsName) -> &'static str {
     match name {
         McsName::Apex => "the zone apex",
         McsName::DnsVersion => "the dns-version name",
