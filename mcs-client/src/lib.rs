@@ -122,7 +122,8 @@
 //! them an [`Mcs`] over [`connect::Http2`] (one multiplexed HTTP/2 connection per endpoint)
 //! with ALPN `h2`, and the origin by its ClusterSet name. Every call is balanced (not every
 //! connection), and `:authority` is the service's name. Unary calls can be retried on
-//! connect failures with [`BufferBody`] (their body is one message).
+//! connect failures with [`BufferBody`] (their body is one message). The `grpc` module
+//! (feature `tonic`) does exactly this in one call, `grpc::channel`; by hand:
 //!
 //! ```no_run
 //! # #[cfg(feature = "tls")]
@@ -192,6 +193,8 @@ mod classify;
 pub mod connect;
 mod error;
 mod future;
+#[cfg(feature = "tonic")]
+pub mod grpc;
 mod layer;
 pub mod metrics;
 #[cfg(feature = "reqwest")]

@@ -1,7 +1,10 @@
 //! A tonic client over the layer, HTTP/2 to tonic servers on loopback addresses, balanced
-//! per request (not per connection). The service is proto-free: a codec that passes bytes.
+//! per request (not per connection), composed by hand and through the `mcs_client::grpc`
+//! helper (h2c and TLS, with failover). The service is proto-free: a codec that passes
+//! bytes.
 
 mod support;
+mod tls_support;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -10,7 +13,6 @@ use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::{Buf, BufMut};
 use http::uri::PathAndQuery;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -19,51 +21,13 @@ use mcs_core::endpoints::Locality;
 use tokio::sync::oneshot;
 use tonic::Status;
 use tonic::body::Body;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::server::NamedService;
 use tower::ServiceBuilder;
 
 use support::*;
+use tls_support::RawCodec;
 
 const PORT: u16 = 19443;
-
-/// Messages are raw bytes.
-#[derive(Clone, Copy, Default)]
-struct RawCodec;
-
-impl Codec for RawCodec {
-    type Encode = Vec<u8>;
-    type Decode = Vec<u8>;
-    type Encoder = RawCodec;
-    type Decoder = RawCodec;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        RawCodec
-    }
-
-    fn decoder(&mut self) -> Self::Decoder {
-        RawCodec
-    }
-}
-
-impl Encoder for RawCodec {
-    type Item = Vec<u8>;
-    type Error = Status;
-
-    fn encode(&mut self, item: Vec<u8>, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        dst.put_slice(&item);
-        Ok(())
-    }
-}
-
-impl Decoder for RawCodec {
-    type Item = Vec<u8>;
-    type Error = Status;
-
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Vec<u8>>, Status> {
-        Ok(Some(src.copy_to_bytes(src.remaining()).to_vec()))
-    }
-}
 
 /// `loyalty.Accrual/Accrue`: answers `<cluster> <addr> <:authority>`.
 #[derive(Clone)]
@@ -105,13 +69,29 @@ impl tower::Service<http::Request<Body>> for Accrual {
     }
 }
 
-async fn grpc_server(ip: [u8; 4], cluster: &'static str) -> oneshot::Sender<()> {
+/// A tonic server; `stop` returns once it has closed its listener and connections.
+struct GrpcServer {
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+impl GrpcServer {
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.task
+            .await
+            .expect("the server task")
+            .expect("the server ran");
+    }
+}
+
+async fn grpc_server(ip: [u8; 4], cluster: &'static str) -> GrpcServer {
     let addr = SocketAddr::new(IpAddr::from(ip), PORT);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .expect("bind loopback address");
     let (stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(
+    let task = tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(Accrual { cluster, addr })
             .serve_with_incoming_shutdown(
@@ -121,7 +101,7 @@ async fn grpc_server(ip: [u8; 4], cluster: &'static str) -> oneshot::Sender<()> 
                 },
             ),
     );
-    stop
+    GrpcServer { stop, task }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -205,7 +185,154 @@ async fn tonic_client_is_balanced_per_request_over_http2() {
         "{by_cluster:?}"
     );
     assert_eq!(by_addr.len(), 6, "every endpoint served calls: {by_addr:?}");
-    for stop in stops {
-        let _ = stop.send(());
+    for server in stops {
+        server.stop().await;
+    }
+}
+
+/// One `Accrue` call; the answer's `(cluster, addr, authority, rest)`.
+async fn accrue<T>(
+    grpc: &mut tonic::client::Grpc<T>,
+) -> Result<(String, String, String, String), Status>
+where
+    T: tonic::client::GrpcService<Body>,
+    T::Error: Into<tower::BoxError>,
+    T::ResponseBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    <T::ResponseBody as http_body::Body>::Error: Into<tower::BoxError>,
+{
+    grpc.ready()
+        .await
+        .map_err(|e| Status::unknown(e.into().to_string()))?;
+    let response = grpc
+        .unary(
+            tonic::Request::new(b"order-1".to_vec()),
+            PathAndQuery::from_static("/loyalty.Accrual/Accrue"),
+            RawCodec,
+        )
+        .await?;
+    let text = String::from_utf8(response.into_inner()).unwrap();
+    let mut parts = text.splitn(4, ' ');
+    let mut next = || parts.next().unwrap_or_default().to_owned();
+    Ok((next(), next(), next(), next()))
+}
+
+/// A layer for a client in `cluster` that ejects up to half the endpoints, so a whole
+/// cluster that stops is taken out (the default, 10 %, would leave most of it picked and
+/// every call retried).
+fn ejecting_half(resolver: StaticResolver, cluster_name: &str) -> mcs_client::Builder {
+    let outlier = mcs_core::endpoints::OutlierConfig {
+        max_ejection_percent: 50,
+        ..Default::default()
+    };
+    McsLayer::builder(resolver, Locality::cluster(cluster(cluster_name)))
+        .balancer(mcs_core::endpoints::BalancerConfig::default().outlier(outlier))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_channel_helper_over_h2c_is_local_first_and_fails_over() {
+    let resolver = StaticResolver::new();
+    let mut east = Vec::new();
+    let mut west = Vec::new();
+    let mut endpoints = Vec::new();
+    for (second, cluster_name) in [(10, "east"), (20, "west")] {
+        for i in 1..=3 {
+            let server = grpc_server([127, second, 8, i], cluster_name).await;
+            if cluster_name == "east" {
+                east.push(server);
+            } else {
+                west.push(server);
+            }
+            endpoints.push(mcs_core::discovery::Endpoint::ready(
+                SocketAddr::from(([127, second, 8, i], PORT)),
+                cluster(cluster_name),
+            ));
+        }
+    }
+    resolver.set(&target(PORT), endpoints);
+    let channel = mcs_client::grpc::channel(
+        ejecting_half(resolver, "east"),
+        mcs_client::connect::Tcp::new(),
+    );
+    let origin = mcs_client::grpc::origin(&target(PORT), false);
+    assert_eq!(
+        origin,
+        format!("http://{HOST}:{PORT}")
+            .parse::<http::Uri>()
+            .unwrap()
+    );
+    let mut grpc = tonic::client::Grpc::with_origin(channel, origin);
+
+    // Local first, over all of east's endpoints, with the service's name as :authority.
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..60 {
+        let (c, addr, authority, _) = accrue(&mut grpc).await.expect("a call to east");
+        assert_eq!(c, "east");
+        assert_eq!(authority, format!("{HOST}:{PORT}"));
+        seen.insert(addr);
+    }
+    assert_eq!(seen.len(), 3, "{seen:?}");
+
+    // East stops (its servers close their connections and refuse new ones) while
+    // discovery still lists it: no call fails; each is retried on another endpoint until
+    // east's endpoints are ejected, and then goes to west.
+    for server in east {
+        server.stop().await;
+    }
+    for i in 0..60 {
+        let (c, _, _, _) = accrue(&mut grpc)
+            .await
+            .unwrap_or_else(|e| panic!("call {i} after east stopped failed: {e}"));
+        assert_eq!(c, "west", "call {i}");
+    }
+    for server in west {
+        server.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_channel_helper_over_tls_verifies_the_clusterset_name() {
+    use tls_support::{Ca, ServerTls, TlsServer};
+    let ca = Ca::new("grpc-helper-ca");
+    let identity = ca.server(&[HOST]);
+    let tls = || ServerTls {
+        identity: identity.clone(),
+        client_ca: None,
+        close_each: false,
+    };
+    let west = [
+        TlsServer::start(SocketAddr::from(([127, 20, 9, 1], PORT)), "west", tls()).await,
+        TlsServer::start(SocketAddr::from(([127, 20, 9, 2], PORT)), "west", tls()).await,
+    ];
+    let resolver = StaticResolver::new();
+    resolver.set(&target(PORT), west.iter().map(TlsServer::endpoint));
+    // ALPN h2 is set by the helper: the test's configuration offers none.
+    let channel = mcs_client::grpc::channel(
+        McsLayer::builder(resolver, Locality::cluster(cluster("north"))),
+        mcs_client::grpc::tls(ca.client_config(None, &[])),
+    );
+    let mut grpc =
+        tonic::client::Grpc::with_origin(channel, mcs_client::grpc::origin(&target(PORT), true));
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..30 {
+        let (c, addr, authority, sni) = accrue(&mut grpc).await.expect("a call over TLS");
+        assert_eq!((c.as_str(), sni.as_str()), ("west", HOST));
+        assert_eq!(authority, format!("{HOST}:{PORT}"));
+        seen.insert(addr);
+    }
+    assert_eq!(
+        seen.len(),
+        2,
+        "calls balanced over both endpoints: {seen:?}"
+    );
+    for server in &west {
+        assert!(
+            server
+                .handshakes()
+                .iter()
+                .all(|h| h.alpn.as_deref() == Some(b"h2".as_slice()))
+        );
+    }
+    for server in west {
+        server.stop().await;
     }
 }
