@@ -66,6 +66,12 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
 	cargo install --locked --quiet --root "$TOOLS" "cargo-fuzz@$CARGO_FUZZ_VERSION"
 fi
 
+# Every checkout (each CI clone is a new path) builds mcs-core and the fuzz targets afresh,
+# under new names in the shared target; remove earlier checkouts' builds of them so the
+# target does not grow by ~200 MB a run. Their dependencies stay cached.
+cargo clean --manifest-path fuzz/Cargo.toml --release --target "$(rustc -vV | sed -n 's/^host: //p')" \
+	-p mcs-core -p mcs-fuzz --quiet
+
 echo "fuzz: building ${targets[*]} ($(cargo fuzz --version), $(rustc --version))"
 start=$(date +%s)
 if [ "${#targets[@]}" -eq "${#ALL[@]}" ]; then
