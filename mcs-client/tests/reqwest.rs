@@ -42,7 +42,7 @@ async fn get_answer(client: &reqwest::Client, url: &str) -> (String, SocketAddr,
         .get(url)
         .send()
         .await
-        .unwrap_or_else(|e| panic!("GET {url}: {}", chain(&e)));
+        .unwrap_or_else(|e| panic!("GET {url}: {}", report(&e)));
     assert!(
         response.status().is_success(),
         "GET {url}: {}",
@@ -54,18 +54,6 @@ async fn get_answer(client: &reqwest::Client, url: &str) -> (String, SocketAddr,
     let addr = parts.next().unwrap().parse().unwrap();
     let host = parts.next().unwrap_or_default().to_owned();
     (cluster, addr, host)
-}
-
-/// The error and its sources on one line.
-fn chain(err: &dyn StdError) -> String {
-    let mut text = err.to_string();
-    let mut next = err.source();
-    while let Some(e) = next {
-        text.push_str(" -> ");
-        text.push_str(&e.to_string());
-        next = e.source();
-    }
-    text
 }
 
 /// The `mcs_client::Error` somewhere in `err`'s sources.
@@ -313,7 +301,7 @@ async fn tls_verifies_the_clusterset_name() {
         .send()
         .await
         .expect_err("the imposter's certificate is refused");
-    let text = chain(&err);
+    let text = report(&err);
     assert!(
         text.contains("not valid for name") || text.contains("NotValidForName"),
         "{text}"
@@ -347,7 +335,7 @@ async fn other_names_use_the_system_resolver_and_errors_are_typed() {
     assert!(
         matches!(mcs_error(&err), Some(mcs_client::Error::NoServicePort { host }) if host == HOST),
         "{}",
-        chain(&err)
+        report(&err)
     );
 
     // A service discovery says does not exist.
@@ -361,7 +349,7 @@ async fn other_names_use_the_system_resolver_and_errors_are_typed() {
     assert!(
         matches!(mcs_error(&err), Some(mcs_client::Error::DoesNotExist { service }) if service == "loyalty/loyalty-accrual:9443"),
         "{}",
-        chain(&err)
+        report(&err)
     );
 
     // Not a service name.
@@ -373,7 +361,7 @@ async fn other_names_use_the_system_resolver_and_errors_are_typed() {
     assert!(
         matches!(mcs_error(&err), Some(mcs_client::Error::NotAService { .. })),
         "{}",
-        chain(&err)
+        report(&err)
     );
     local.stop().await;
 }

@@ -26,7 +26,7 @@ use mcs_core::endpoints::{BalancerConfig, Locality, OutlierConfig};
 use mcs_core::name::ServiceRef;
 use tower::{Layer, Service, ServiceExt};
 
-use support::{HOST, cluster, target};
+use support::{HOST, cluster, report, target};
 use tls_support::*;
 
 const PORT: u16 = 9443;
@@ -112,18 +112,6 @@ fn find<'a, T: StdError + 'static>(err: &'a (dyn StdError + 'static)) -> Option<
         cur = e.source();
     }
     None
-}
-
-/// The error and its sources, one line.
-fn report(err: &(dyn StdError + 'static)) -> String {
-    let mut out = err.to_string();
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        out.push_str(": ");
-        out.push_str(&e.to_string());
-        cur = e.source();
-    }
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

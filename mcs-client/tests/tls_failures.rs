@@ -27,7 +27,6 @@
 mod support;
 mod tls_support;
 
-use std::error::Error as StdError;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -42,7 +41,7 @@ use mcs_core::endpoints::{BalancerConfig, Locality, OutlierConfig};
 use rustls::{AlertDescription, CertificateError, SupportedProtocolVersion};
 use tower::{Layer, Service, ServiceExt};
 
-use support::{HOST, cluster, target};
+use support::{HOST, cluster, report, target};
 use tls_support::*;
 
 const PORT: u16 = 9443;
@@ -181,18 +180,6 @@ async fn setup(case: Case, second: u8, third: u8, last: u8, cluster_name: &str) 
         client,
         ca,
     }
-}
-
-/// The error and its sources, one line.
-fn report(err: &(dyn StdError + 'static)) -> String {
-    let mut out = err.to_string();
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        out.push_str(" -> ");
-        out.push_str(&e.to_string());
-        cur = e.source();
-    }
-    out
 }
 
 fn no_ejection() -> BalancerConfig {

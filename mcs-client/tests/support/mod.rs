@@ -238,3 +238,15 @@ pub async fn answer(response: Response<Incoming>) -> (String, SocketAddr, String
     let host = parts.next().unwrap_or_default().to_owned();
     (cluster, addr, host)
 }
+
+/// The error and its sources, on one line (`outer -> source -> ...`).
+pub fn report(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = err.to_string();
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        out.push_str(" -> ");
+        out.push_str(&e.to_string());
+        cur = e.source();
+    }
+    out
+}
