@@ -208,6 +208,10 @@ impl StdError for EndpointError {
 /// It looks through the whole source chain (hyper-util's `client error (Connect)` and
 /// `(SendRequest)` layers, hyper's and h2's errors, and the `io::Error`s that carry TLS
 /// errors), so callers never walk `source()` themselves.
+///
+/// A response is never an error, not even a 5xx that counted against its endpoint: that is
+/// marked on the response's [`Served`](crate::Served) (`counted_as_failure`), whose Display
+/// names the endpoint and its cluster.
 #[derive(Clone, Copy, Debug)]
 #[non_exhaustive]
 pub enum Failure<'a> {

@@ -24,10 +24,19 @@ use crate::target::{EndpointMeta, TargetShared, now};
 
 /// Which endpoint served a balanced response: put into the response's extensions.
 ///
+/// A response is not an error, even one that counted against its endpoint (a 5xx by
+/// default, see [`Classify`](crate::Classify)): [`Served::counted_as_failure`] says so, and
+/// `Served`'s Display names the endpoint, its cluster and that verdict.
+///
 /// ```no_run
 /// # fn f(response: http::Response<()>) {
 /// if let Some(served) = response.extensions().get::<mcs_client::Served>() {
 ///     println!("{} in {} (tier {})", served.addr(), served.cluster(), served.tier());
+///     if served.counted_as_failure() {
+///         // "503 Service Unavailable from endpoint 10.1.0.7:9443 in cluster east
+///         // (counted as an endpoint failure)"
+///         eprintln!("{} from {served}", response.status());
+///     }
 /// }
 /// # }
 /// ```
@@ -36,6 +45,21 @@ pub struct Served {
     meta: Arc<EndpointMeta>,
     tier: usize,
     attempts: u32,
+    failure: bool,
+}
+
+impl fmt::Display for Served {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "endpoint {} in cluster {}",
+            self.meta.endpoint.addr, self.meta.endpoint.cluster
+        )?;
+        if self.failure {
+            f.write_str(" (counted as an endpoint failure)")?;
+        }
+        Ok(())
+    }
 }
 
 impl Served {
@@ -62,6 +86,13 @@ impl Served {
     /// How many attempts the request took (1 without retries).
     pub fn attempts(&self) -> u32 {
         self.attempts
+    }
+
+    /// Whether the response counted as a failure of its endpoint (for outlier ejection and
+    /// the failure metric): by default a 5xx or a gRPC UNAVAILABLE (see
+    /// [`Classify`](crate::Classify)).
+    pub fn counted_as_failure(&self) -> bool {
+        self.failure
     }
 }
 
@@ -183,10 +214,10 @@ impl Attempt {
         let latency = now.saturating_duration_since(self.started);
         match result {
             Ok(mut response) => {
-                let outcome = if self
+                let failure = self
                     .classify
-                    .is_failure(response.status(), response.headers())
-                {
+                    .is_failure(response.status(), response.headers());
+                let outcome = if failure {
                     self.meta.failure.increment(1);
                     Outcome::Failure
                 } else {
@@ -201,6 +232,7 @@ impl Attempt {
                     meta: self.meta,
                     tier,
                     attempts: self.attempts,
+                    failure,
                 });
                 Ok(response)
             }

@@ -24,35 +24,11 @@ use mcs_client::connect::{Dial, EndpointTarget, Http2};
 use mcs_client::{CloneBody, Http, McsLayer, Retry, StaticResolver};
 use mcs_core::discovery::Endpoint;
 use mcs_core::endpoints::Locality;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
+use tokio::net::TcpStream;
 use tower::{ServiceBuilder, ServiceExt};
 
+use support::h2_servers::{go_away_server, refusing_server};
 use support::*;
-
-/// An HTTP/2 server on `ip` that refuses every stream; counts the streams it refused.
-async fn refusing_server(ip: IpAddr) -> (SocketAddr, Arc<AtomicUsize>) {
-    let listener = TcpListener::bind(SocketAddr::new(ip, 0)).await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let seen = Arc::new(AtomicUsize::new(0));
-    let counter = Arc::clone(&seen);
-    tokio::spawn(async move {
-        while let Ok((socket, _)) = listener.accept().await {
-            let counter = Arc::clone(&counter);
-            tokio::spawn(async move {
-                let Ok(mut conn) = h2::server::handshake(socket).await else {
-                    return;
-                };
-                while let Some(Ok((_request, mut respond))) = conn.accept().await {
-                    counter.fetch_add(1, Ordering::SeqCst);
-                    respond.send_reset(h2::Reason::REFUSED_STREAM);
-                }
-            });
-        }
-    });
-    (addr, seen)
-}
 
 fn http2() -> Http<mcs_client::connect::Tcp, Full<Bytes>> {
     let mut builder = Client::builder(TokioExecutor::new());
@@ -92,92 +68,6 @@ async fn a_refused_stream_is_sent_again_to_another_endpoint() {
         seen.load(Ordering::SeqCst) > 0,
         "the balancer never tried the refusing endpoint: the retry path was not exercised"
     );
-}
-
-/// A server on `ip` that reads each connection up to the end of the first request (stream
-/// 1), sends its SETTINGS, then either a GOAWAY saying it processed no stream (last stream
-/// id 0), or, with `answer`, a complete 200 response to stream 1 and a GOAWAY with last
-/// stream id 1, and resets the connection (`SO_LINGER` 0). Counts the requests it saw;
-/// `reset` fires after the first reset.
-async fn go_away_then_reset(
-    ip: IpAddr,
-    answer: bool,
-) -> (SocketAddr, Arc<AtomicUsize>, oneshot::Receiver<()>) {
-    let listener = TcpListener::bind(SocketAddr::new(ip, 0)).await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let seen = Arc::new(AtomicUsize::new(0));
-    let counter = Arc::clone(&seen);
-    let (reset_tx, reset) = oneshot::channel();
-    tokio::spawn(async move {
-        let mut reset_tx = Some(reset_tx);
-        while let Ok((mut socket, _)) = listener.accept().await {
-            if read_first_request(&mut socket).await.is_err() {
-                continue;
-            }
-            counter.fetch_add(1, Ordering::SeqCst);
-            // SETTINGS (empty).
-            let mut frames = vec![0, 0, 0, 0x4, 0, 0, 0, 0, 0];
-            let mut last_stream = 0u8;
-            if answer {
-                // HEADERS on stream 1, END_HEADERS: `:status: 200` (HPACK static index 8).
-                frames.extend_from_slice(&[0, 0, 1, 0x1, 0x4, 0, 0, 0, 1, 0x88]);
-                // DATA on stream 1, END_STREAM: the test servers' "<cluster> <addr> <host>".
-                let body = format!("east {addr} {HOST}");
-                let len = u8::try_from(body.len()).unwrap();
-                frames.extend_from_slice(&[0, 0, len, 0x0, 0x1, 0, 0, 0, 1]);
-                frames.extend_from_slice(body.as_bytes());
-                last_stream = 1;
-            }
-            // GOAWAY: last stream id, NO_ERROR.
-            frames.extend_from_slice(&[
-                0,
-                0,
-                8,
-                0x7,
-                0,
-                0,
-                0,
-                0,
-                0,
-                0,
-                0,
-                0,
-                last_stream,
-                0,
-                0,
-                0,
-                0,
-            ]);
-            socket.write_all(&frames).await.unwrap();
-            socket.set_zero_linger().unwrap();
-            drop(socket);
-            if let Some(tx) = reset_tx.take() {
-                let _ = tx.send(());
-            }
-        }
-    });
-    (addr, seen, reset)
-}
-
-/// Reads the client preface and frames up to the end of the first request (a HEADERS or
-/// DATA frame with END_STREAM), so that the client has nothing left to write for it: its
-/// next write is the next request's.
-async fn read_first_request(socket: &mut TcpStream) -> io::Result<()> {
-    const DATA: u8 = 0x0;
-    const HEADERS: u8 = 0x1;
-    const END_STREAM: u8 = 0x1;
-    let mut preface = [0u8; 24];
-    socket.read_exact(&mut preface).await?;
-    loop {
-        let mut header = [0u8; 9];
-        socket.read_exact(&mut header).await?;
-        let len = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
-        let mut payload = vec![0u8; len];
-        socket.read_exact(&mut payload).await?;
-        if matches!(header[3], DATA | HEADERS) && header[4] & END_STREAM != 0 {
-            return Ok(());
-        }
-    }
 }
 
 /// A TCP connection that hands the HTTP/2 client nothing it reads until one of its writes
@@ -278,7 +168,7 @@ fn post(i: usize) -> Request<Full<Bytes>> {
 }
 
 /// Two POSTs through the layer, local cluster (east) first: east has the resetting server
-/// on `ip` (see [`go_away_then_reset`]), west one test server for retries. The first POST
+/// on `ip` (see [`go_away_server`]), west one test server for retries. The first POST
 /// reaches the server, which resets the connection; the client has not read what the server
 /// sent before the reset when the second POST goes out on the same connection, and that
 /// write fails on the reset.
@@ -292,7 +182,7 @@ struct AcrossAReset {
 }
 
 async fn two_posts_across_a_reset(ip: [u8; 4], answer_first: bool) -> AcrossAReset {
-    let (resetting, seen, reset) = go_away_then_reset(IpAddr::from(ip), answer_first).await;
+    let (resetting, seen, reset) = go_away_server(IpAddr::from(ip), answer_first, true).await;
     let west = TestServer::start(IpAddr::from([127, 20, ip[2], ip[3]]), 0, "west").await;
     let resolver = StaticResolver::new();
     let t = target(9443);

@@ -1,6 +1,8 @@
 //! Real HTTP servers on loopback addresses standing in for pods, and small helpers.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod h2_servers;
+
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
