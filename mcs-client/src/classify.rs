@@ -107,6 +107,10 @@ impl FailureKind {
             return Self::Connect;
         }
         for e in crate::error::chain(err) {
+            #[cfg(feature = "tls")]
+            if e.is::<crate::error::NotTaken>() {
+                return Self::NotSent;
+            }
             if let Some(e) = e.downcast_ref::<hyper_util::client::legacy::Error>() {
                 if e.is_connect() {
                     return Self::Connect;

@@ -189,6 +189,13 @@ impl StdError for EndpointError {
     }
 }
 
+/// A request that its connection's task ended without taking: it was never written, so it
+/// was not processed. (See `HttpEndpoint`.)
+#[cfg(feature = "tls")]
+#[derive(Debug, thiserror::Error)]
+#[error("connection closed before the request was sent")]
+pub(crate) struct NotTaken;
+
 /// What went wrong with a request, whatever connector carried it: the one way to ask an
 /// error returned by [`Mcs`](crate::Mcs) (an [`Error`], an [`EndpointError`], or an error of
 /// the pass-through service) which kind of failure it is.
@@ -324,6 +331,11 @@ fn classify<'a>(err: &'a (dyn StdError + 'static)) -> (Failure<'a>, Option<Strin
             return (Failure::Tls(tls), None);
         }
         if !matches!(found.0, Failure::Other(_) | Failure::Connect) {
+            continue;
+        }
+        #[cfg(feature = "tls")]
+        if e.is::<NotTaken>() {
+            found = (Failure::ConnectionClosed, Some(e.to_string()));
             continue;
         }
         if let Some(e) = e.downcast_ref::<hyper_util::client::legacy::Error>() {

@@ -20,8 +20,9 @@
 //! refusal ends the connection as the first request is handed over) stays in the channel,
 //! unanswered, until the last handle to the connection is dropped. `Http2` no longer keeps
 //! such a handle (see `Inner::connect` in `connect/http2.rs`); hyper-util's pooled client
-//! behind `Http` holds its connection's handle while it waits for the response, so there
-//! the race can still leave a request waiting (much more rarely), and this test then fails.
+//! behind `Http` holds its connection's handle while it waits for the response, so `Http`'s
+//! endpoint service watches the connection and fails such a request with the connection's
+//! TLS error when the connection ends (see `HttpEndpoint`).
 #![cfg(feature = "tls")]
 
 mod support;

@@ -33,7 +33,7 @@ mod http2;
 mod tls;
 
 pub use dial::{Dial, Tcp};
-pub use http::{Http, MakeConnector};
+pub use http::{Http, HttpEndpoint, HttpFuture, MakeConnector};
 pub use http2::{H2Endpoint, Http2};
 #[cfg(feature = "tls")]
 pub use tls::{MaybeTls, Tls, TlsConnect, TlsError, TlsStream};

@@ -21,6 +21,7 @@ use rustls::ClientConfig;
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
+use tokio::sync::watch;
 use tower::{BoxError, Service};
 use tracing::debug;
 
@@ -31,6 +32,7 @@ use super::EndpointTarget;
 use super::dial::{Dial, Tcp};
 use super::http::MakeConnector;
 use crate::classify::FailureKind;
+use crate::error::NotTaken;
 
 type NameFn = dyn Fn(&EndpointTarget) -> String + Send + Sync;
 
@@ -134,6 +136,10 @@ impl fmt::Debug for Tls {
 impl MakeConnector for Tls {
     type Connector = TlsConnect;
 
+    fn watches_connections(&self) -> bool {
+        true
+    }
+
     fn endpoint(&self, target: &EndpointTarget) -> TlsConnect {
         let name = self.name_for(target);
         TlsConnect {
@@ -216,12 +222,7 @@ impl Service<Uri> for TlsConnect {
             Ok(MaybeTls::Tls(Box::new(TlsStream {
                 io: TokioIo::new(Watched {
                     tls,
-                    fate: TlsFate(Arc::new(Fate {
-                        peer,
-                        server_name: name,
-                        error: OnceLock::new(),
-                        answered: AtomicBool::new(false),
-                    })),
+                    fate: TlsFate::new(peer, name),
                 }),
             })))
         })
@@ -259,9 +260,21 @@ struct Fate {
     /// Whether the server sent any application data. A TLS error before that means the
     /// server refused the connection in its handshake: it processed no request.
     answered: AtomicBool,
+    /// Set when the connection's I/O is dropped: hyper's task for it has ended.
+    closed: watch::Sender<bool>,
 }
 
 impl TlsFate {
+    fn new(peer: Option<(SocketAddr, ClusterId)>, server_name: Arc<str>) -> Self {
+        Self(Arc::new(Fate {
+            peer,
+            server_name,
+            error: OnceLock::new(),
+            answered: AtomicBool::new(false),
+            closed: watch::Sender::new(false),
+        }))
+    }
+
     /// The fate of the connection described by `connected`, if it is one of ours.
     pub(crate) fn of(connected: &Connected) -> Option<Self> {
         let mut extras = http::Extensions::new();
@@ -272,6 +285,42 @@ impl TlsFate {
     /// Whether the connection met a TLS error.
     pub(crate) fn failed(&self) -> bool {
         self.0.error.get().is_some()
+    }
+
+    /// Whether the server has sent application data on the connection.
+    pub(crate) fn answered(&self) -> bool {
+        self.0.answered.load(Ordering::Relaxed)
+    }
+
+    /// Notes that the server sent application data. Cost: one relaxed load per read, one
+    /// store per connection.
+    fn answer(&self) {
+        if !self.0.answered.load(Ordering::Relaxed) {
+            self.0.answered.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Notes that the connection's I/O is gone.
+    fn close(&self) {
+        self.0.closed.send_replace(true);
+    }
+
+    /// Completes when the connection's I/O has been dropped: hyper's task for it has ended,
+    /// and every request it took has its answer or its error.
+    pub(crate) async fn closed(&self) {
+        let mut closed = self.0.closed.subscribe();
+        // The sender lives in `self`: `wait_for` ends when the value turns true.
+        let _ = closed.wait_for(|closed| *closed).await;
+    }
+
+    /// The error of a request that the connection's task ended without taking: the
+    /// connection's TLS error (the server refused it), or else that the connection closed
+    /// before the request was sent.
+    pub(crate) fn not_taken(&self) -> BoxError {
+        match self.0.error.get() {
+            Some(rustls) => Box::new(self.error(rustls.clone())),
+            None => Box::new(NotTaken),
+        }
     }
 
     fn error(&self, rustls: rustls::Error) -> TlsError {
@@ -516,6 +565,12 @@ impl Watched {
     }
 }
 
+impl Drop for Watched {
+    fn drop(&mut self) {
+        self.fate.close();
+    }
+}
+
 impl AsyncRead for Watched {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -525,9 +580,8 @@ impl AsyncRead for Watched {
         let this = self.get_mut();
         let before = buf.filled().len();
         let result = this.fate.map(Pin::new(&mut this.tls).poll_read(cx, buf));
-        // Cost: one relaxed load per read, one store per connection.
-        if buf.filled().len() > before && !this.fate.0.answered.load(Ordering::Relaxed) {
-            this.fate.0.answered.store(true, Ordering::Relaxed);
+        if buf.filled().len() > before {
+            this.fate.answer();
         }
         result
     }
@@ -643,5 +697,38 @@ impl Write for MaybeTls {
             Self::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             Self::Tls(s) => Pin::new(&mut s.io).poll_write_vectored(cx, bufs),
         }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod test_fate {
+    //! Connection fates without connections, for the tests of what is decided from them.
+    use super::*;
+
+    /// A fresh connection's fate: no error, nothing answered, open.
+    pub(crate) fn fresh() -> TlsFate {
+        TlsFate::new(
+            Some((
+                "127.10.0.1:9443".parse().unwrap(),
+                ClusterId::new("east").unwrap(),
+            )),
+            Arc::from("loyalty-accrual.loyalty.svc.clusterset.local"),
+        )
+    }
+
+    /// The server refused the client certificate (TLS 1.3: an alert after the handshake).
+    pub(crate) fn refuse(fate: &TlsFate) {
+        let alert = rustls::Error::AlertReceived(rustls::AlertDescription::CertificateRequired);
+        let _ = fate.map_err(io::Error::new(io::ErrorKind::InvalidData, alert));
+    }
+
+    /// The server sent data.
+    pub(crate) fn answer(fate: &TlsFate) {
+        fate.answer();
+    }
+
+    /// The connection's I/O is dropped.
+    pub(crate) fn close(fate: &TlsFate) {
+        fate.close();
     }
 }
