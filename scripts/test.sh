@@ -12,7 +12,9 @@
 #     MCS_KWOK_BIN, MCS_KWOK_STAGES and MCS_COREDNS_BIN;
 #   - dig (Debian's bind9-dnsutils) for the DNS tests;
 #   - nft and ip (Debian's nftables, iproute2) for the dataplane tests (kube-proxy in
-#     nftables mode in network namespaces; they run as root).
+#     nftables mode in network namespaces; they run as root);
+#   - umoci, skopeo and runc (Debian's packages) for the image test (scripts/image.sh
+#     builds the image from the test build's binaries; runc runs it, as root).
 # Tests that need these fail loudly when they are missing; nothing is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,5 +41,14 @@ if ! command -v nft >/dev/null 2>&1; then
 	$SUDO apt-get update -qq >/dev/null
 	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq nftables iproute2 >/dev/null
 fi
+
+for tool in umoci skopeo runc; do
+	if ! command -v "$tool" >/dev/null 2>&1; then
+		echo "test: installing $tool (Debian's package, for the image test)"
+		if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+		$SUDO apt-get update -qq >/dev/null
+		DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$tool" >/dev/null
+	fi
+done
 
 cargo test --workspace --all-features "$@"
