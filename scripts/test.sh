@@ -10,6 +10,9 @@
 #   - kwok v0.8.0 (with its Stage objects) and CoreDNS v1.15.0, built the same way
 #     (scripts/kwok-coredns-bins.sh; cold ~6 min, warm: instant), exported as
 #     MCS_KWOK_BIN, MCS_KWOK_STAGES and MCS_COREDNS_BIN;
+#   - helm 3 and helm 4, built from their Go modules into ~/.cache/mcs-helm
+#     (scripts/helm-bins.sh; cold ~5 min, warm: instant), exported as MCS_HELM3 and
+#     MCS_HELM4 for the chart tests;
 #   - dig (Debian's bind9-dnsutils) for the DNS tests;
 #   - nft and ip (Debian's nftables, iproute2) for the dataplane tests (kube-proxy in
 #     nftables mode in network namespaces; they run as root);
@@ -27,6 +30,12 @@ EXTRA_BIN=$(scripts/kwok-coredns-bins.sh | tail -n 1)
 export MCS_KWOK_BIN="$EXTRA_BIN/kwok" MCS_KWOK_STAGES="$EXTRA_BIN/kwok-stages.yaml"
 export MCS_COREDNS_BIN="$EXTRA_BIN/coredns"
 echo "test: kwok, its stages and CoreDNS in $EXTRA_BIN"
+
+HELMS=$(scripts/helm-bins.sh | tail -n 2)
+MCS_HELM3=$(echo "$HELMS" | head -n 1)
+MCS_HELM4=$(echo "$HELMS" | tail -n 1)
+export MCS_HELM3 MCS_HELM4
+echo "test: helm in $MCS_HELM3 and $MCS_HELM4"
 
 if ! command -v dig >/dev/null 2>&1; then
 	echo "test: installing dig (bind9-dnsutils)"
