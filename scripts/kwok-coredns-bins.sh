@@ -13,8 +13,8 @@
 #   coredns            github.com/coredns/coredns, built from a generated wrapper module
 #                      (src/coredns/main.go) with only the plugins reload, ready,
 #                      health, prometheus, errors, log, loadbalance, cache, kubernetes,
-#                      loop and forward (those of deploy/dns/coredns-forward.yaml and
-#                      the tests' Corefiles); a binary that lacks one is rebuilt
+#                      loop and forward (those of kubeadm's default Corefile, of
+#                      deploy/dns/clusterset.server and of the tests' Corefiles); a binary that lacks one is rebuilt
 #   kwok-stages.yaml   kwok's Stage objects from its module zip (kustomize/stage/...):
 #                      node-initialize, node-heartbeat-with-lease, pod-ready,
 #                      pod-complete, pod-delete. Standalone kwok refuses to start

@@ -340,7 +340,7 @@ pub fn judge(members: &[MemberFacts], now: Timestamp) -> CheckReport {
                 "dns",
                 ctx,
                 Verdict::Problem,
-                "CoreDNS does not forward clusterset.local (deploy/dns/coredns-forward.yaml)"
+                "CoreDNS does not forward clusterset.local (add the server block of deploy/dns/clusterset.server)"
                     .to_owned(),
             ),
         }

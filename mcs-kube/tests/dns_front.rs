@@ -1,7 +1,8 @@
-//! The realistic front: CoreDNS runs the Corefile of `deploy/dns/coredns-forward.yaml` as
-//! shipped — `cluster.local` from its `kubernetes` plugin, `clusterset.local` forwarded
-//! to mcs-dns — with only the addresses and ports a test needs substituted (listen ports,
-//! the forward target, the health endpoint) and the plugin pointed at the test's API
+//! The realistic front: CoreDNS runs a cluster's usual Corefile (kubeadm's default, with
+//! `cluster.local` from its `kubernetes` plugin) with the server block of
+//! `deploy/dns/clusterset.server` added as shipped, forwarding `clusterset.local` to
+//! mcs-dns. Only the addresses and ports a test needs are substituted (listen ports, the
+//! forward target, the health endpoint), and the plugin is pointed at the test's API
 //! server through its `kubeconfig` option. Questions go to CoreDNS only.
 
 mod support;
@@ -13,7 +14,7 @@ use std::time::Duration;
 
 use hickory_resolver::proto::op::{Message, ResponseCode};
 use hickory_resolver::proto::rr::{RData, RecordType};
-use k8s_openapi::api::core::v1::{ConfigMap, Service, ServicePort as CoreServicePort, ServiceSpec};
+use k8s_openapi::api::core::v1::{Service, ServicePort as CoreServicePort, ServiceSpec};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use kube::api::{Api, ObjectMeta, PostParams};
 use mcs_core::api::{
@@ -24,10 +25,24 @@ use mcs_kube::dns::{DnsConfig, DnsServer};
 use support::{ClusterOptions, start_cluster, wait_for};
 
 const NS: &str = "demo";
-const MANIFEST: &str = "deploy/dns/coredns-forward.yaml";
-/// Where the manifest sends `clusterset.local`: the mcs-dns Service of
-/// `deploy/dns/deployment.yaml`.
-const MCS_DNS_SERVICE_IP: &str = "10.96.0.53";
+const MANIFEST: &str = "deploy/dns/clusterset.server";
+/// The placeholder the operator replaces with the mcs-dns Service's ClusterIP.
+const MCS_DNS_SERVICE_IP: &str = "MCS_DNS_CLUSTER_IP";
+/// The Corefile a cluster runs before mcs: kubeadm's default.
+const EXISTING_COREFILE: &str = ".:53 {
+    errors
+    health
+    kubernetes cluster.local in-addr.arpa ip6.arpa {
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+    }
+    forward . /etc/resolv.conf
+    cache 30
+    loop
+    reload
+    loadbalance
+}
+";
 
 /// `text` with `from` replaced by `to`; `from` must occur exactly `count` times, so a
 /// change of the manifest that this test would silently stop covering fails here.
@@ -40,19 +55,22 @@ fn substitute(text: &str, from: &str, to: &str, count: usize) -> String {
     text.replace(from, to)
 }
 
-/// The manifest's Corefile for a test: both server blocks on `port`, the ClusterSet zone
-/// forwarded to `mcs_dns`, the health endpoint on `health_port`, and the `kubernetes`
-/// plugin reading the API server behind `kubeconfig`. Nothing else changes.
+/// The existing Corefile with the shipped server block added, for a test: both server
+/// blocks on `port`, the ClusterSet zone forwarded to `mcs_dns`, the health endpoint on
+/// `health_port`, and the `kubernetes` plugin reading the API server behind `kubeconfig`.
+/// Nothing else changes.
 fn front_corefile(
     kubeconfig: &Path,
     mcs_dns: SocketAddr,
     health_port: u16,
 ) -> impl Fn(u16) -> String {
-    let cm: ConfigMap = support::typed(MANIFEST, "ConfigMap");
-    let shipped = cm
-        .data
-        .and_then(|mut d| d.remove("Corefile"))
-        .unwrap_or_else(|| panic!("{MANIFEST}: no data.Corefile"));
+    let block = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(MANIFEST),
+    )
+    .unwrap_or_else(|e| panic!("{MANIFEST}: {e}"));
+    let shipped = format!("{EXISTING_COREFILE}{block}");
     let kubeconfig = kubeconfig.display().to_string();
     move |port| {
         let text = substitute(&shipped, ":53 {", &format!(":{port} {{"), 2);

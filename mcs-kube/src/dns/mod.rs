@@ -7,7 +7,7 @@
 //! query; answers that do not fit carry the TC bit so resolvers retry over TCP) and TCP
 //! (hickory-server), parsing and encoding with hickory in both, never recurses (names outside the zone are REFUSED), and answers the zone's names
 //! with SERVFAIL until all three watches have synced. CoreDNS forwards the zone to it
-//! (`deploy/dns/coredns-forward.yaml`).
+//! (the server block of `deploy/dns/clusterset.server`).
 //!
 //! Protocol rules (checked before the data is looked at): opcodes other than QUERY get
 //! NOTIMP, EDNS versions above 0 get BADVERS (with an OPT record, RFC 6891), classes other
