@@ -33,6 +33,12 @@ fn at_east(addr: SocketAddr, cause: &str) -> String {
     format!("request to {SERVICE} failed at endpoint {addr} in cluster east: {cause}")
 }
 
+/// `err` is of the kind `is` accepts (through `Failure::of`), and `{err}` reads `line`.
+fn assert_failure(err: &BoxError, is: fn(&Failure<'_>) -> bool, line: &str) {
+    assert!(is(&Failure::of(&**err)), "{}", report(&**err));
+    assert_eq!(err.to_string(), line);
+}
+
 /// One GET through the layer (no retries) to the single endpoint `addr` in east, over
 /// `endpoints` (a hyper-util client per endpoint, or `Http2`).
 async fn call<M>(addr: SocketAddr, endpoints: M, timeout: Option<Duration>) -> BoxError
@@ -107,50 +113,43 @@ async fn unanswering_server(ip: IpAddr, reset: bool) -> SocketAddr {
 async fn a_refused_connection_names_the_endpoint_and_says_refused() {
     let addr = closed_port(IpAddr::from([127, 10, 60, 1])).await;
     let err = call(addr, http1(), None).await;
-    assert!(
-        matches!(Failure::of(&*err), Failure::ConnectionRefused),
-        "{}",
-        report(&*err)
+    assert_failure(
+        &err,
+        |f| matches!(f, Failure::ConnectionRefused),
+        &at_east(addr, "connection refused"),
     );
-    assert_eq!(err.to_string(), at_east(addr, "connection refused"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reset_connection_says_reset() {
     let addr = unanswering_server(IpAddr::from([127, 10, 60, 2]), true).await;
     let err = call(addr, http1(), None).await;
-    assert!(
-        matches!(Failure::of(&*err), Failure::ConnectionClosed),
-        "{}",
-        report(&*err)
+    assert_failure(
+        &err,
+        |f| matches!(f, Failure::ConnectionClosed),
+        &at_east(addr, "connection reset"),
     );
-    assert_eq!(err.to_string(), at_east(addr, "connection reset"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_endpoint_times_out_with_the_endpoint_and_the_timeout() {
     let addr = unanswering_server(IpAddr::from([127, 10, 60, 3]), false).await;
     let err = call(addr, http1(), Some(Duration::from_millis(300))).await;
-    assert!(
-        matches!(Failure::of(&*err), Failure::Timeout),
-        "{}",
-        report(&*err)
+    assert_failure(
+        &err,
+        |f| matches!(f, Failure::Timeout),
+        &at_east(addr, "timed out after 300ms"),
     );
-    assert_eq!(err.to_string(), at_east(addr, "timed out after 300ms"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_http2_stream_says_refused_stream() {
     let (addr, seen) = refusing_server(IpAddr::from([127, 10, 60, 4])).await;
     let err = call(addr, http2(), None).await;
-    assert!(
-        matches!(Failure::of(&*err), Failure::NotProcessed),
-        "{}",
-        report(&*err)
-    );
-    assert_eq!(
-        err.to_string(),
-        at_east(addr, "HTTP/2 stream refused by the server (REFUSED_STREAM)")
+    assert_failure(
+        &err,
+        |f| matches!(f, Failure::NotProcessed),
+        &at_east(addr, "HTTP/2 stream refused by the server (REFUSED_STREAM)"),
     );
     assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
@@ -159,17 +158,13 @@ async fn a_refused_http2_stream_says_refused_stream() {
 async fn a_stream_above_a_go_away_says_go_away() {
     let (addr, seen, _written) = go_away_server(IpAddr::from([127, 10, 60, 5]), false, false).await;
     let err = call(addr, http2(), None).await;
-    assert!(
-        matches!(Failure::of(&*err), Failure::NotProcessed),
-        "{}",
-        report(&*err)
-    );
-    assert_eq!(
-        err.to_string(),
-        at_east(
+    assert_failure(
+        &err,
+        |f| matches!(f, Failure::NotProcessed),
+        &at_east(
             addr,
-            "HTTP/2 GOAWAY: the server did not process the request"
-        )
+            "HTTP/2 GOAWAY: the server did not process the request",
+        ),
     );
     assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
