@@ -343,14 +343,8 @@ async fn apply_all(client: &Client, objs: &[DynamicObject]) -> Result<(), String
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_mode_renders_what_the_api_server_accepts() {
-    let cluster = support::start_cluster(
-        "chart-template",
-        support::ClusterOptions {
-            controller_manager: false,
-            ..Default::default()
-        },
-    )
-    .await;
+    let cluster =
+        support::start_cluster("chart-template", support::ClusterOptions::api_only()).await;
     let client = cluster.client().await;
     support::create_namespace(&client, "mcs-system").await;
     let (_, helm4) = &helms()[1];
@@ -447,14 +441,8 @@ async fn release_objects(client: &Client, release: &str) -> BTreeSet<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn install_upgrade_uninstall_in_mesh_and_hub() {
-    let cluster = support::start_cluster(
-        "chart-install",
-        support::ClusterOptions {
-            controller_manager: false,
-            ..Default::default()
-        },
-    )
-    .await;
+    let cluster =
+        support::start_cluster("chart-install", support::ClusterOptions::api_only()).await;
     let client = cluster.client().await;
     let kubeconfig = cluster.kubeconfig_path();
     let [(_, helm3), (_, helm4)] = helms();

@@ -300,15 +300,7 @@ impl Drop for Container {
 async fn agent_in_the_image_reaches_an_api_server_named_by_host() {
     let tmp = tempfile::tempdir().unwrap();
     let (_, layout, tag) = tokio::task::spawn_blocking(image).await.unwrap();
-    let cluster = support::start_cluster(
-        "image",
-        support::ClusterOptions {
-            controller_manager: false,
-            install_crds: true,
-            ..Default::default()
-        },
-    )
-    .await;
+    let cluster = support::start_cluster("image", support::ClusterOptions::api_only()).await;
     let client = cluster.client().await;
     support::create_namespace(&client, NS).await;
 

@@ -108,15 +108,8 @@ async fn export(client: &Client, name: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cluster_id_comes_from_the_local_clusters_cluster_property() {
-    let clusters = support::start_clusters_with(
-        &["east", "west"],
-        ClusterOptions {
-            controller_manager: false,
-            install_crds: true,
-            ..Default::default()
-        },
-    )
-    .await;
+    let clusters =
+        support::start_clusters_with(&["east", "west"], ClusterOptions::api_only()).await;
     let (east, west) = (&clusters[0], &clusters[1]);
     let (east_client, west_client) = (east.client().await, west.client().await);
     // Run as east's agent; west is listed first (the member a naive agent would ask).

@@ -78,15 +78,7 @@ async fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10);
-    let cluster = support::start_cluster(
-        "dnsload",
-        support::ClusterOptions {
-            controller_manager: false,
-            install_crds: true,
-            ..Default::default()
-        },
-    )
-    .await;
+    let cluster = support::start_cluster("dnsload", support::ClusterOptions::api_only()).await;
     let client = cluster.client().await;
     support::create_namespace(&client, NS).await;
     let imports: Api<ServiceImport> = Api::namespaced(client.clone(), NS);

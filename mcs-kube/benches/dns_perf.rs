@@ -244,11 +244,7 @@ fn main() {
 
     let cluster = main_rt.block_on(support::start_cluster(
         "dnsperf",
-        support::ClusterOptions {
-            controller_manager: false,
-            install_crds: true,
-            ..Default::default()
-        },
+        support::ClusterOptions::api_only(),
     ));
     let client = main_rt.block_on(async {
         let client = cluster.client().await;

@@ -932,15 +932,7 @@ async fn rcode(server: SocketAddr, name: &str) -> ResponseCode {
 async fn the_dns_server_serves_with_exactly_its_shipped_role_and_servfails_without() {
     capture_logs();
     let t0 = Instant::now();
-    let cluster = support::start_cluster(
-        "dnsrbac",
-        support::ClusterOptions {
-            controller_manager: false,
-            install_crds: true,
-            ..Default::default()
-        },
-    )
-    .await;
+    let cluster = support::start_cluster("dnsrbac", support::ClusterOptions::api_only()).await;
     let admin = cluster.client().await;
     let dns_sa = deployment_identity(DNS_DEPLOYMENT, DNS_RBAC);
     let user = format!("system:serviceaccount:{}:{}", dns_sa.0, dns_sa.1);

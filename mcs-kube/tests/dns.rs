@@ -123,15 +123,7 @@ fn sorted_lines(s: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dns_conformance_22_to_27_against_a_real_api_server() {
-    let cluster = start_cluster(
-        "dns",
-        ClusterOptions {
-            controller_manager: false,
-            install_crds: true,
-            ..Default::default()
-        },
-    )
-    .await;
+    let cluster = start_cluster("dns", ClusterOptions::api_only()).await;
     let client = cluster.client().await;
     support::create_namespace(&client, NS).await;
     let imports: Api<ServiceImport> = Api::namespaced(client.clone(), NS);
@@ -353,15 +345,7 @@ async fn dns_conformance_22_to_27_against_a_real_api_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_headless_answers_truncate_over_udp_and_complete_over_tcp() {
-    let cluster = start_cluster(
-        "dnsbig",
-        ClusterOptions {
-            controller_manager: false,
-            install_crds: true,
-            ..Default::default()
-        },
-    )
-    .await;
+    let cluster = start_cluster("dnsbig", ClusterOptions::api_only()).await;
     let client = cluster.client().await;
     support::create_namespace(&client, NS).await;
     let imports: Api<ServiceImport> = Api::namespaced(client.clone(), NS);

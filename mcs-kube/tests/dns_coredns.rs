@@ -169,15 +169,7 @@ fn summary(m: &Message) -> Summary {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mcs_dns_answers_like_coredns_multicluster() {
-    let cluster = start_cluster(
-        "dnscoredns",
-        ClusterOptions {
-            controller_manager: false,
-            install_crds: true,
-            ..Default::default()
-        },
-    )
-    .await;
+    let cluster = start_cluster("dnscoredns", ClusterOptions::api_only()).await;
     let client = cluster.client().await;
     support::create_namespace(&client, NS).await;
     let imports: Api<ServiceImport> = Api::namespaced(client.clone(), NS);

@@ -165,15 +165,7 @@ fn slice(svc: &str, cluster: &str, ip: &str, hostname: &str) -> EndpointSlice {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn coredns_with_the_shipped_corefile_answers_both_zones() {
-    let cluster = start_cluster(
-        "dnsfront",
-        ClusterOptions {
-            controller_manager: false,
-            install_crds: true,
-            ..Default::default()
-        },
-    )
-    .await;
+    let cluster = start_cluster("dnsfront", ClusterOptions::api_only()).await;
     let client = cluster.client().await;
     support::create_namespace(&client, NS).await;
     let pp = PostParams::default();

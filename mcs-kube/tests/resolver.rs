@@ -85,15 +85,7 @@ async fn next_reset(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resolves_merges_and_follows_readiness() {
-    let cluster = start_cluster(
-        "resolver",
-        ClusterOptions {
-            controller_manager: false,
-            install_crds: true,
-            ..Default::default()
-        },
-    )
-    .await;
+    let cluster = start_cluster("resolver", ClusterOptions::api_only()).await;
     let client = cluster.client().await;
     support::create_namespace(&client, NS).await;
     let resolver = KubeResolver::new(client.clone());

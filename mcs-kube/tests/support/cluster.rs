@@ -73,6 +73,16 @@ pub struct ClusterOptions {
 }
 
 impl ClusterOptions {
+    /// An API server (and etcd) with the CRDs and no kube-controller-manager: for tests
+    /// whose objects no controller has to act on.
+    #[must_use]
+    pub fn api_only() -> Self {
+        Self {
+            controller_manager: false,
+            ..Self::default()
+        }
+    }
+
     /// These options with [`ClusterOptions::pods`] on (and the controller manager, which
     /// it needs).
     #[must_use]
