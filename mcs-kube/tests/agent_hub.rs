@@ -12,7 +12,6 @@ use clusterset::*;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ListParams, PostParams};
-use mcs_core::api::v1beta1::ServiceImport;
 use mcs_kube::hub::record::{MemberExport, MemberExportSpec};
 
 const NS: &str = "loyalty";
@@ -336,21 +335,22 @@ async fn a_hub_outage_removes_nothing_and_state_resyncs_when_it_is_back() {
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    let si: ServiceImport = Api::namespaced(set.client(2).clone(), NS)
-        .get("accrual")
-        .await
-        .unwrap();
-    let ready = si
-        .status
-        .and_then(|s| s.conditions)
-        .and_then(|c| c.into_iter().find(|c| c.type_ == "Ready"))
-        .expect("Ready");
-    assert_eq!(ready.status, "True");
-    assert!(
-        ready.message.contains("hub is unreachable"),
-        "{}",
-        ready.message
-    );
+    // North's import stays Ready and says why it may be stale (written by north's agent
+    // once it has seen the outage: waited for, not read once).
+    wait_import(
+        set.client(2),
+        NS,
+        "accrual",
+        "Ready=True saying the hub is unreachable",
+        |si| {
+            si.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+                .is_some_and(|r| r.status == "True" && r.message.contains("hub is unreachable"))
+        },
+    )
+    .await;
     // The hub is back: every agent re-lists, and west's withdrawal reaches north.
     set.hub_mut().cluster.start().await;
     for i in 0..3 {
