@@ -1,12 +1,17 @@
 //! The upstream conformance cases 1-16 (sigs.k8s.io/mcs-api `conformance/`) against three real API servers,
 //! each running an in-process `mcs-agent`. Where the result must not depend on which
-//! cluster exports first, both orders run.
+//! cluster exports first, both orders run. Cases 1-15 share one ClusterSet per topology
+//! ([`SharedSet`]), each case in a namespace of its own, as upstream's suite runs each
+//! case in a generated namespace of one ClusterSet; case 16 runs Pods (kwok and the
+//! controller-manager) and has clusters of its own.
 
 mod clusterset;
 mod support;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use clusterset::*;
 use k8s_openapi::api::core::v1::Service;
@@ -57,7 +62,7 @@ fn service_port_tuples(svc: &Service) -> Vec<(String, String, i32, Option<String
 /// Exports `first_svc` from cluster `first`, waits for the import, pauses 1.1 s, then
 /// exports `second_svc` from cluster `second` (the conformance two-cluster driver).
 async fn two_cluster_export(
-    set: &ClusterSet,
+    set: &Case,
     first: usize,
     first_svc: &Service,
     second: usize,
@@ -65,29 +70,37 @@ async fn two_cluster_export(
     labels: [Option<(&str, &str)>; 2],
 ) {
     let name = first_svc.metadata.name.clone().unwrap();
-    create_service(set.client(first), NS, first_svc).await;
-    export(set.client(first), NS, &name, labels[0]).await;
+    create_service(set.client(first), &set.ns, first_svc).await;
+    export(set.client(first), &set.ns, &name, labels[0]).await;
     wait_import(
         set.client(first),
-        NS,
+        &set.ns,
         &name,
         "import after the first export",
         |_| true,
     )
     .await;
     conformance_pause().await;
-    create_service(set.client(second), NS, second_svc).await;
-    export(set.client(second), NS, &name, labels[1]).await;
+    create_service(set.client(second), &set.ns, second_svc).await;
+    export(set.client(second), &set.ns, &name, labels[1]).await;
 }
 
-async fn single_export(set: &ClusterSet, svc: &Service) -> ServiceImport {
+async fn single_export(set: &Case, svc: &Service) -> ServiceImport {
     let name = svc.metadata.name.clone().unwrap();
-    create_service(set.client(0), NS, svc).await;
-    export(set.client(0), NS, &name, None).await;
-    wait_export_condition(set.client(0), NS, &name, "Valid", "True", Some("Valid")).await;
+    create_service(set.client(0), &set.ns, svc).await;
+    export(set.client(0), &set.ns, &name, None).await;
+    wait_export_condition(
+        set.client(0),
+        &set.ns,
+        &name,
+        "Valid",
+        "True",
+        Some("Valid"),
+    )
+    .await;
     wait_import(
         set.client(1),
-        NS,
+        &set.ns,
         &name,
         "import in another cluster",
         |_| true,
@@ -95,10 +108,30 @@ async fn single_export(set: &ClusterSet, svc: &Service) -> ServiceImport {
     .await
 }
 
-async fn set3(topo: Topo) -> ClusterSet {
-    let set = ClusterSet::start_in(topo, &["east", "west", "north"], false).await;
-    set.namespace(NS).await;
-    set
+/// One case's part of its topology's shared ClusterSet: the cases share three clusters
+/// and their agents, each in a namespace of its own (the names a case uses, `hello` and its
+/// conflicts, are per namespace).
+struct Case {
+    set: Arc<SharedSet>,
+    ns: String,
+}
+
+impl std::ops::Deref for Case {
+    type Target = ClusterSet;
+
+    fn deref(&self) -> &ClusterSet {
+        &self.set
+    }
+}
+
+/// East, west and north with an agent each in `topo` (shared with the other cases), and a
+/// fresh namespace in every one of them.
+async fn set3(topo: Topo) -> Case {
+    static NEXT: AtomicUsize = AtomicUsize::new(1);
+    let set = SharedSet::get(topo).await;
+    let ns = format!("{NS}-{}", NEXT.fetch_add(1, Ordering::Relaxed));
+    set.namespace(&ns).await;
+    Case { set, ns }
 }
 
 async fn conformance_01_import_exists_while_at_least_one_cluster_exports(topo: Topo) {
@@ -113,17 +146,23 @@ async fn conformance_01_import_exists_while_at_least_one_cluster_exports(topo: T
     )
     .await;
     for i in 0..3 {
-        wait_import(set.client(i), NS, "hello", "both clusters listed", |si| {
-            si.status
-                .as_ref()
-                .and_then(|s| s.clusters.as_ref())
-                .is_some_and(|c| c.len() == 2)
-        })
+        wait_import(
+            set.client(i),
+            &set.ns,
+            "hello",
+            "both clusters listed",
+            |si| {
+                si.status
+                    .as_ref()
+                    .and_then(|s| s.clusters.as_ref())
+                    .is_some_and(|c| c.len() == 2)
+            },
+        )
         .await;
     }
-    unexport(set.client(0), NS, "hello").await;
+    unexport(set.client(0), &set.ns, "hello").await;
     for i in 0..3 {
-        wait_import(set.client(i), NS, "hello", "only west listed", |si| {
+        wait_import(set.client(i), &set.ns, "hello", "only west listed", |si| {
             si.status
                 .as_ref()
                 .and_then(|s| s.clusters.as_ref())
@@ -131,12 +170,12 @@ async fn conformance_01_import_exists_while_at_least_one_cluster_exports(topo: T
         })
         .await;
     }
-    hold_import(set.client(2), NS, "hello", true).await;
-    unexport(set.client(1), NS, "hello").await;
+    hold_import(set.client(2), &set.ns, "hello", true).await;
+    unexport(set.client(1), &set.ns, "hello").await;
     for i in 0..3 {
         wait_no_import(
             set.client(i),
-            NS,
+            &set.ns,
             "hello",
             "import deleted after the last unexport",
         )
@@ -146,10 +185,10 @@ async fn conformance_01_import_exists_while_at_least_one_cluster_exports(topo: T
 
 async fn conformance_02_only_exported_labels_and_annotations_propagate(topo: Topo) {
     let set = set3(topo).await;
-    create_service(set.client(0), NS, &hello_service("hello")).await;
+    create_service(set.client(0), &set.ns, &hello_service("hello")).await;
     export(
         set.client(0),
-        NS,
+        &set.ns,
         "hello",
         Some(("dummy-label", "dummy-value")),
     )
@@ -157,7 +196,7 @@ async fn conformance_02_only_exported_labels_and_annotations_propagate(topo: Top
     for i in 0..3 {
         let si = wait_import(
             set.client(i),
-            NS,
+            &set.ns,
             "hello",
             "import with exported labels",
             |si| {
@@ -197,7 +236,8 @@ async fn labels_conflict(topo: Topo, first: usize, second: usize) {
     )
     .await;
     for i in [first, second] {
-        let c = wait_export_condition(set.client(i), NS, "hello", "Conflict", "True", None).await;
+        let c =
+            wait_export_condition(set.client(i), &set.ns, "hello", "Conflict", "True", None).await;
         assert!(
             c.reason.contains("LabelsConflict") && c.reason.contains("AnnotationsConflict"),
             "{}",
@@ -205,7 +245,7 @@ async fn labels_conflict(topo: Topo, first: usize, second: usize) {
         );
     }
     for i in 0..3 {
-        let si = wait_import(set.client(i), NS, "hello", "winner's labels", |si| {
+        let si = wait_import(set.client(i), &set.ns, "hello", "winner's labels", |si| {
             si.metadata
                 .labels
                 .as_ref()
@@ -236,12 +276,16 @@ async fn conformance_04_clusterip_export_creates_clustersetip_import_everywhere_
     let set = set3(topo).await;
     single_export(&set, &hello_service("hello")).await;
     for i in 0..3 {
-        wait_import(set.client(i), NS, "hello", "ClusterSetIP import", |si| {
-            si.spec.type_ == ServiceImportType::ClusterSetIp
-        })
+        wait_import(
+            set.client(i),
+            &set.ns,
+            "hello",
+            "ClusterSetIP import",
+            |si| si.spec.type_ == ServiceImportType::ClusterSetIp,
+        )
         .await;
     }
-    let ready = wait_export_condition(set.client(0), NS, "hello", "Ready", "True", None).await;
+    let ready = wait_export_condition(set.client(0), &set.ns, "hello", "Ready", "True", None).await;
     // SPEC: Ready=True is `Ready` in the pull model (every agent reads the exports
     // itself), `Exported` in the push model (the export was pushed to the hub).
     let reason = match topo {
@@ -251,16 +295,22 @@ async fn conformance_04_clusterip_export_creates_clustersetip_import_everywhere_
     assert_eq!(ready.reason, reason);
     wait_export_condition(
         set.client(0),
-        NS,
+        &set.ns,
         "hello",
         "Conflict",
         "False",
         Some("NoConflicts"),
     )
     .await;
-    unexport(set.client(0), NS, "hello").await;
+    unexport(set.client(0), &set.ns, "hello").await;
     for i in 0..3 {
-        wait_no_import(set.client(i), NS, "hello", "import deleted after unexport").await;
+        wait_no_import(
+            set.client(i),
+            &set.ns,
+            "hello",
+            "import deleted after unexport",
+        )
+        .await;
     }
 }
 
@@ -268,7 +318,7 @@ async fn conformance_05_session_affinity_matches_the_exported_service(topo: Topo
     let set = set3(topo).await;
     single_export(&set, &hello_service("hello")).await;
     for i in 0..3 {
-        let si = wait_import(set.client(i), NS, "hello", "import", |_| true).await;
+        let si = wait_import(set.client(i), &set.ns, "hello", "import", |_| true).await;
         assert_eq!(si.spec.session_affinity, Some(SessionAffinity::ClientIp));
         assert_eq!(
             si.spec
@@ -292,7 +342,7 @@ async fn conformance_06_and_07_traffic_policy_and_distribution_match_the_exporte
     spec.traffic_distribution = Some("PreferClose".into());
     single_export(&set, &svc).await;
     for i in 0..3 {
-        let si = wait_import(set.client(i), NS, "hello", "import", |_| true).await;
+        let si = wait_import(set.client(i), &set.ns, "hello", "import", |_| true).await;
         assert_eq!(
             si.spec.internal_traffic_policy.map(|p| p.as_str()),
             Some("Cluster")
@@ -311,7 +361,7 @@ async fn conformance_08_an_ip_per_family_for_clustersetip_imports(topo: Topo) {
         // Ready is published True once the IPs are in (False/Pending before).
         let si = wait_import(
             set.client(i),
-            NS,
+            &set.ns,
             "hello",
             "import with ips, Ready=True",
             |si| si.spec.ips.as_ref().is_some_and(|v| !v.is_empty()) && ready_is_true(si),
@@ -328,7 +378,7 @@ async fn conformance_08_an_ip_per_family_for_clustersetip_imports(topo: Topo) {
         let derived =
             si.metadata.annotations.as_ref().unwrap()["multicluster.kubernetes.io/derived-service"]
                 .clone();
-        let svc = Api::<Service>::namespaced(set.client(i).clone(), NS)
+        let svc = Api::<Service>::namespaced(set.client(i).clone(), &set.ns)
             .get(&derived)
             .await
             .unwrap();
@@ -350,12 +400,12 @@ async fn conformance_09_ports_match_the_exported_service(topo: Topo) {
     svc.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].app_protocol =
         Some("kubernetes.io/h2c".into());
     single_export(&set, &svc).await;
-    let created = Api::<Service>::namespaced(set.client(0).clone(), NS)
+    let created = Api::<Service>::namespaced(set.client(0).clone(), &set.ns)
         .get("hello")
         .await
         .unwrap();
     for i in 0..3 {
-        let si = wait_import(set.client(i), NS, "hello", "import", |_| true).await;
+        let si = wait_import(set.client(i), &set.ns, "hello", "import", |_| true).await;
         assert_eq!(port_tuples(&si), service_port_tuples(&created));
     }
 }
@@ -378,11 +428,12 @@ async fn port_union(topo: Topo, first: usize, second: usize) {
     };
     two_cluster_export(&set, first, &a, second, &b, [None, None]).await;
     for i in [first, second] {
-        let c = wait_export_condition(set.client(i), NS, "hello", "Conflict", "True", None).await;
+        let c =
+            wait_export_condition(set.client(i), &set.ns, "hello", "Conflict", "True", None).await;
         assert!(c.reason.contains("PortConflict"), "{}", c.reason);
     }
     for i in 0..3 {
-        let si = wait_import(set.client(i), NS, "hello", "union of ports", |si| {
+        let si = wait_import(set.client(i), &set.ns, "hello", "union of ports", |si| {
             si.spec.ports.len() == 3
         })
         .await;
@@ -405,7 +456,8 @@ async fn conformance_11_conflicting_ports_oldest_export_wins(topo: Topo) {
     other.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].port = 43;
     two_cluster_export(&set, 0, &hello_service("hello"), 1, &other, [None, None]).await;
     for i in [0, 1] {
-        let c = wait_export_condition(set.client(i), NS, "hello", "Conflict", "True", None).await;
+        let c =
+            wait_export_condition(set.client(i), &set.ns, "hello", "Conflict", "True", None).await;
         assert!(c.reason.contains("PortConflict"), "{}", c.reason);
         assert!(
             c.message.contains("east"),
@@ -413,14 +465,14 @@ async fn conformance_11_conflicting_ports_oldest_export_wins(topo: Topo) {
             c.message
         );
     }
-    let winner = Api::<Service>::namespaced(set.client(0).clone(), NS)
+    let winner = Api::<Service>::namespaced(set.client(0).clone(), &set.ns)
         .get("hello")
         .await
         .unwrap();
     // Import status is written last, so once it lists both exporters the merged spec of
     // both is in place (before that it can hold only the first export seen).
     for i in 0..3 {
-        let si = wait_import(set.client(i), NS, "hello", "import of both", |si| {
+        let si = wait_import(set.client(i), &set.ns, "hello", "import of both", |si| {
             clusters_of(si).len() == 2
         })
         .await;
@@ -436,14 +488,14 @@ async fn conformance_12_and_13_headless_export_creates_headless_import_without_i
     let set = set3(topo).await;
     single_export(&set, &headless(hello_service("hello"))).await;
     for i in 0..3 {
-        let si = wait_import(set.client(i), NS, "hello", "Headless import", |si| {
+        let si = wait_import(set.client(i), &set.ns, "hello", "Headless import", |si| {
             si.spec.type_ == ServiceImportType::Headless
         })
         .await;
         assert!(si.spec.ips.as_ref().is_none_or(Vec::is_empty));
     }
     // No IP is allocated for the whole hold time.
-    let api: Api<ServiceImport> = Api::namespaced(set.client(2).clone(), NS);
+    let api: Api<ServiceImport> = Api::namespaced(set.client(2).clone(), &set.ns);
     let end = tokio::time::Instant::now() + HOLD;
     while tokio::time::Instant::now() < end {
         let si = api.get("hello").await.unwrap();
@@ -453,9 +505,15 @@ async fn conformance_12_and_13_headless_export_creates_headless_import_without_i
         );
         tokio::time::sleep(std::time::Duration::from_millis(250)).await;
     }
-    unexport(set.client(0), NS, "hello").await;
+    unexport(set.client(0), &set.ns, "hello").await;
     for i in 0..3 {
-        wait_no_import(set.client(i), NS, "hello", "import deleted after unexport").await;
+        wait_no_import(
+            set.client(i),
+            &set.ns,
+            "hello",
+            "import deleted after unexport",
+        )
+        .await;
     }
 }
 
@@ -473,12 +531,13 @@ async fn conformance_14_externalname_export_is_invalid_and_imports_nothing(topo:
         }),
         status: None,
     };
-    create_service(set.client(0), NS, &svc).await;
-    export(set.client(0), NS, "hello", None).await;
-    let valid = wait_export_condition(set.client(0), NS, "hello", "Valid", "False", None).await;
+    create_service(set.client(0), &set.ns, &svc).await;
+    export(set.client(0), &set.ns, "hello", None).await;
+    let valid =
+        wait_export_condition(set.client(0), &set.ns, "hello", "Valid", "False", None).await;
     assert_eq!(valid.reason, "InvalidServiceType");
     for i in 0..3 {
-        hold_import(set.client(i), NS, "hello", false).await;
+        hold_import(set.client(i), &set.ns, "hello", false).await;
     }
 }
 
@@ -493,11 +552,12 @@ async fn headlessness_conflict(topo: Topo, first: usize, second: usize) {
     };
     two_cluster_export(&set, first, &first_svc, second, &second_svc, [None, None]).await;
     for i in [first, second] {
-        let c = wait_export_condition(set.client(i), NS, "hello", "Conflict", "True", None).await;
+        let c =
+            wait_export_condition(set.client(i), &set.ns, "hello", "Conflict", "True", None).await;
         assert!(c.reason.contains("TypeConflict"), "{}", c.reason);
     }
     for i in 0..3 {
-        let si = wait_import(set.client(i), NS, "hello", "import of both", |si| {
+        let si = wait_import(set.client(i), &set.ns, "hello", "import of both", |si| {
             clusters_of(si).len() == 2
         })
         .await;

@@ -410,6 +410,88 @@ impl ClusterSet {
     }
 }
 
+/// A [`ClusterSet`] of east, west and north with an agent each, shared by the tests of
+/// one binary that ask for the same topology: the first caller starts it, the others
+/// get the same set, and the last one to drop it stops it (a later caller starts a new
+/// one). Tests sharing it keep apart by namespace.
+///
+/// The set, its agents and its clients' connections run on a runtime of their own, not
+/// on the test's (which ends with the test): its worker threads start the clusters'
+/// processes and live until the set stops, so the processes' parent-death signal
+/// (`support`) still fires only when the set or the whole binary goes.
+pub struct SharedSet {
+    set: Option<ClusterSet>,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+/// The live shared set of each topology, if any: mesh, hub.
+static SHARED: [tokio::sync::Mutex<std::sync::Weak<SharedSet>>; 2] = [
+    tokio::sync::Mutex::const_new(std::sync::Weak::new()),
+    tokio::sync::Mutex::const_new(std::sync::Weak::new()),
+];
+
+impl SharedSet {
+    /// The shared set of `topo`, started if no test holds one now.
+    pub async fn get(topo: Topo) -> std::sync::Arc<SharedSet> {
+        let slot = match topo {
+            Topo::Mesh => &SHARED[0],
+            Topo::Hub => &SHARED[1],
+        };
+        let mut live = slot.lock().await;
+        if let Some(set) = live.upgrade() {
+            return set;
+        }
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("shared-clusterset")
+            .enable_all()
+            .build()
+            .expect("a runtime for the shared ClusterSet");
+        let started = runtime
+            .spawn(ClusterSet::start_in(
+                topo,
+                &["east", "west", "north"],
+                false,
+            ))
+            .await;
+        let set = match started {
+            Ok(set) => set,
+            Err(e) => {
+                // Dropping a runtime inside the test's would panic on top of this one.
+                runtime.shutdown_background();
+                std::panic::resume_unwind(e.into_panic());
+            }
+        };
+        let shared = std::sync::Arc::new(SharedSet {
+            set: Some(set),
+            runtime: Some(runtime),
+        });
+        *live = std::sync::Arc::downgrade(&shared);
+        shared
+    }
+}
+
+impl std::ops::Deref for SharedSet {
+    type Target = ClusterSet;
+
+    fn deref(&self) -> &ClusterSet {
+        self.set
+            .as_ref()
+            .expect("the shared set runs until dropped")
+    }
+}
+
+impl Drop for SharedSet {
+    fn drop(&mut self) {
+        // Agents and processes first (ClusterSet's and TestCluster's drops), then the
+        // runtime, without blocking: the last holder drops it inside its own runtime.
+        drop(self.set.take());
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
 /// Installs the hub's CRD and roles (`deploy/rbac/hub.yaml`) and each member's namespace
 /// and bindings (`deploy/rbac/hub-member.yaml`), as shipped.
 async fn setup_hub(admin: &Client, names: &[&str]) {
