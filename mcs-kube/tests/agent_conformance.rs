@@ -10,8 +10,6 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use clusterset::*;
 use k8s_openapi::api::core::v1::Service;
@@ -108,30 +106,10 @@ async fn single_export(set: &Case, svc: &Service) -> ServiceImport {
     .await
 }
 
-/// One case's part of its topology's shared ClusterSet: the cases share three clusters
-/// and their agents, each in a namespace of its own (the names a case uses, `hello` and its
-/// conflicts, are per namespace).
-struct Case {
-    set: Arc<SharedSet>,
-    ns: String,
-}
-
-impl std::ops::Deref for Case {
-    type Target = ClusterSet;
-
-    fn deref(&self) -> &ClusterSet {
-        &self.set
-    }
-}
-
 /// East, west and north with an agent each in `topo` (shared with the other cases), and a
 /// fresh namespace in every one of them.
 async fn set3(topo: Topo) -> Case {
-    static NEXT: AtomicUsize = AtomicUsize::new(1);
-    let set = SharedSet::get(topo).await;
-    let ns = format!("{NS}-{}", NEXT.fetch_add(1, Ordering::Relaxed));
-    set.namespace(&ns).await;
-    Case { set, ns }
+    Case::start(topo, NS).await
 }
 
 async fn conformance_01_import_exists_while_at_least_one_cluster_exports(topo: Topo) {

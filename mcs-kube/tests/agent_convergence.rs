@@ -1,5 +1,6 @@
 //! The agent converges after edits, deletions, restarts and outages, against three real API
-//! servers; and it never loops on its own writes.
+//! servers; and it never loops on its own writes. Tests that neither restart an agent nor
+//! configure one share a ClusterSet per topology ([`Case`]), each in a namespace of its own.
 
 mod clusterset;
 mod support;
@@ -17,11 +18,10 @@ use mcs_core::api::{
 const NS: &str = "loyalty";
 
 async fn service_edits_deletion_and_recreation_converge(topo: Topo) {
-    let set = ClusterSet::start_in(topo, &["east", "west", "north"], false).await;
-    set.namespace(NS).await;
-    create_service(set.client(0), NS, &hello_service("accrual")).await;
-    export(set.client(0), NS, "accrual", None).await;
-    wait_import(set.client(2), NS, "accrual", "import", |si| {
+    let set = Case::start(topo, NS).await;
+    create_service(set.client(0), &set.ns, &hello_service("accrual")).await;
+    export(set.client(0), &set.ns, "accrual", None).await;
+    wait_import(set.client(2), &set.ns, "accrual", "import", |si| {
         si.spec.ports.len() == 2
     })
     .await;
@@ -36,19 +36,19 @@ async fn service_edits_deletion_and_recreation_converge(topo: Topo) {
             ..Default::default()
         },
     );
-    replace_service(set.client(0), NS, edited).await;
+    replace_service(set.client(0), &set.ns, edited).await;
     for i in 0..3 {
-        wait_import(set.client(i), NS, "accrual", "edited ports", |si| {
+        wait_import(set.client(i), &set.ns, "accrual", "edited ports", |si| {
             si.spec.ports.len() == 3
         })
         .await;
     }
 
     // The Service deleted: the export turns invalid and the import goes.
-    delete_service(set.client(0), NS, "accrual").await;
+    delete_service(set.client(0), &set.ns, "accrual").await;
     let valid = wait_export_condition(
         set.client(0),
-        NS,
+        &set.ns,
         "accrual",
         "Valid",
         "False",
@@ -57,13 +57,27 @@ async fn service_edits_deletion_and_recreation_converge(topo: Topo) {
     .await;
     assert!(!valid.message.is_empty());
     for i in 0..3 {
-        wait_no_import(set.client(i), NS, "accrual", "import gone with the Service").await;
+        wait_no_import(
+            set.client(i),
+            &set.ns,
+            "accrual",
+            "import gone with the Service",
+        )
+        .await;
     }
     // Recreated: valid again, imported again.
-    create_service(set.client(0), NS, &hello_service("accrual")).await;
-    wait_export_condition(set.client(0), NS, "accrual", "Valid", "True", Some("Valid")).await;
+    create_service(set.client(0), &set.ns, &hello_service("accrual")).await;
+    wait_export_condition(
+        set.client(0),
+        &set.ns,
+        "accrual",
+        "Valid",
+        "True",
+        Some("Valid"),
+    )
+    .await;
     for i in 0..3 {
-        wait_import(set.client(i), NS, "accrual", "import back", |_| true).await;
+        wait_import(set.client(i), &set.ns, "accrual", "import back", |_| true).await;
     }
 
     // No loop on its own writes: once converged, a full resync (what the periodic one does)
@@ -71,7 +85,7 @@ async fn service_edits_deletion_and_recreation_converge(topo: Topo) {
     // leaves the import and the derived Service as they are.
     let si = wait_import(
         set.client(2),
-        NS,
+        &set.ns,
         "accrual",
         "ips allocated and Ready",
         |si| si.spec.ips.is_some() && import_ready(si),
@@ -79,8 +93,8 @@ async fn service_edits_deletion_and_recreation_converge(topo: Topo) {
     .await;
     // A first pass settles whatever was still in flight; the second is the one checked.
     set.resync(2).await;
-    let imports: Api<ServiceImport> = Api::namespaced(set.client(2).clone(), NS);
-    let services: Api<Service> = Api::namespaced(set.client(2).clone(), NS);
+    let imports: Api<ServiceImport> = Api::namespaced(set.client(2).clone(), &set.ns);
+    let services: Api<Service> = Api::namespaced(set.client(2).clone(), &set.ns);
     let derived = &si.metadata.annotations.as_ref().unwrap()[ANNOTATION_DERIVED_SERVICE];
     let import_watch = ObjectWatch::open(&imports, "accrual").await;
     let derived_watch = ObjectWatch::open(&services, derived).await;
@@ -93,10 +107,12 @@ async fn service_edits_deletion_and_recreation_converge(topo: Topo) {
     derived_watch
         .assert_unmodified("the agent rewrote an unchanged derived Service on resync")
         .await;
+    // The other tests sharing the set write in namespaces of their own meanwhile.
+    let ours = format!("/namespaces/{}/", set.ns);
     let writes: Vec<_> = requests
         .since(before)
         .into_iter()
-        .filter(|r| r.is_write())
+        .filter(|r| r.is_write() && (!r.path.contains("/namespaces/") || r.path.contains(&ours)))
         .map(|r| format!("{} {}", r.method, r.path))
         .collect();
     assert!(
@@ -114,19 +130,22 @@ fn import_ready(si: &ServiceImport) -> bool {
 }
 
 async fn imports_exist_only_where_the_namespace_exists(topo: Topo) {
-    let set = ClusterSet::start_in(topo, &["east", "west", "north"], false).await;
+    let set = Case::without_namespace(topo, NS).await;
     for i in [0, 1] {
-        support::create_namespace(set.client(i), NS).await;
+        support::create_namespace(set.client(i), &set.ns).await;
     }
-    create_service(set.client(0), NS, &hello_service("accrual")).await;
-    export(set.client(0), NS, "accrual", None).await;
-    wait_import(set.client(1), NS, "accrual", "import in west", |_| true).await;
-    hold_import(set.client(2), NS, "accrual", false).await;
+    create_service(set.client(0), &set.ns, &hello_service("accrual")).await;
+    export(set.client(0), &set.ns, "accrual", None).await;
+    wait_import(set.client(1), &set.ns, "accrual", "import in west", |_| {
+        true
+    })
+    .await;
+    hold_import(set.client(2), &set.ns, "accrual", false).await;
     // The namespace appears in north: so does the import.
-    support::create_namespace(set.client(2), NS).await;
+    support::create_namespace(set.client(2), &set.ns).await;
     wait_import(
         set.client(2),
-        NS,
+        &set.ns,
         "accrual",
         "import in north once the namespace exists",
         |_| true,
@@ -451,15 +470,15 @@ fn second_doc<T: serde::de::DeserializeOwned>(yaml: &str) -> T {
 
 async fn hand_written_and_malformed_imports_are_left_alone(topo: Topo) {
     use kube::api::{ApiResource, DynamicObject};
-    let set = ClusterSet::start_in(topo, &["east", "west", "north"], false).await;
-    set.namespace(NS).await;
+    let set = Case::start(topo, NS).await;
     let resource = ApiResource::erase::<ServiceImport>(&());
-    let dynamic: Api<DynamicObject> = Api::namespaced_with(set.client(2).clone(), NS, &resource);
+    let dynamic: Api<DynamicObject> =
+        Api::namespaced_with(set.client(2).clone(), &set.ns, &resource);
     // Valid for the CRD (sessionAffinity is a free string there), invalid for the typed API.
     let malformed: DynamicObject = serde_json::from_value(serde_json::json!({
         "apiVersion": "multicluster.x-k8s.io/v1beta1",
         "kind": "ServiceImport",
-        "metadata": { "name": "manual", "namespace": NS },
+        "metadata": { "name": "manual", "namespace": &set.ns },
         "spec": { "type": "ClusterSetIP", "ports": [{ "port": 80 }], "sessionAffinity": "Sticky" }
     }))
     .unwrap();
@@ -472,7 +491,7 @@ async fn hand_written_and_malformed_imports_are_left_alone(topo: Topo) {
     let handmade: DynamicObject = serde_json::from_value(serde_json::json!({
         "apiVersion": "multicluster.x-k8s.io/v1beta1",
         "kind": "ServiceImport",
-        "metadata": { "name": "handmade", "namespace": NS },
+        "metadata": { "name": "handmade", "namespace": &set.ns },
         "spec": { "type": "Headless", "ports": [] }
     }))
     .unwrap();
@@ -483,11 +502,11 @@ async fn hand_written_and_malformed_imports_are_left_alone(topo: Topo) {
     let handmade_watch = ObjectWatch::since(&dynamic, &handmade).await;
 
     // The agent keeps working for everything else.
-    create_service(set.client(0), NS, &hello_service("accrual")).await;
-    export(set.client(0), NS, "accrual", None).await;
+    create_service(set.client(0), &set.ns, &hello_service("accrual")).await;
+    export(set.client(0), &set.ns, "accrual", None).await;
     wait_import(
         set.client(2),
-        NS,
+        &set.ns,
         "accrual",
         "import next to the malformed one",
         |_| true,
@@ -495,13 +514,13 @@ async fn hand_written_and_malformed_imports_are_left_alone(topo: Topo) {
     .await;
     // An export with the malformed import's name: the agent does not overwrite it, neither
     // when the export appears nor on a full resync; nor does it delete what it did not create.
-    create_service(set.client(0), NS, &hello_service("manual")).await;
-    export(set.client(0), NS, "manual", None).await;
-    wait_import(set.client(1), NS, "manual", "import in west", |_| true).await;
+    create_service(set.client(0), &set.ns, &hello_service("manual")).await;
+    export(set.client(0), &set.ns, "manual", None).await;
+    wait_import(set.client(1), &set.ns, "manual", "import in west", |_| true).await;
     // North's agent says why it leaves the import alone, as a Warning event on it: once
     // that is there, it has reconciled "manual" with the export.
     let events: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(set.client(2).clone(), NS);
+        Api::namespaced(set.client(2).clone(), &set.ns);
     support::wait_for("ForeignServiceImport event", IMPORT_TIMEOUT, || async {
         let list = events.list(&Default::default()).await.ok()?;
         list.items.into_iter().find(|e| {
@@ -520,6 +539,7 @@ async fn hand_written_and_malformed_imports_are_left_alone(topo: Topo) {
     handmade_watch
         .assert_unmodified("the agent touched an import it did not create")
         .await;
+    let ours = format!("/namespaces/{}/", set.ns);
     let foreign = |path: &str| {
         ["manual", "handmade"].iter().any(|name| {
             let object = format!("/serviceimports/{name}");
@@ -530,7 +550,7 @@ async fn hand_written_and_malformed_imports_are_left_alone(topo: Topo) {
         .agent_requests(2)
         .snapshot()
         .into_iter()
-        .filter(|r| r.is_write() && foreign(&r.path))
+        .filter(|r| r.is_write() && r.path.contains(&ours) && foreign(&r.path))
         .map(|r| format!("{} {}", r.method, r.path))
         .collect();
     assert!(

@@ -492,6 +492,42 @@ impl Drop for SharedSet {
     }
 }
 
+/// One test's part of its topology's [`SharedSet`]: the set and a namespace of the test's
+/// own (what a test names, a Service and its export, its conflicts, is per namespace, so
+/// tests sharing the clusters and their agents keep apart).
+pub struct Case {
+    pub set: std::sync::Arc<SharedSet>,
+    pub ns: String,
+}
+
+impl Case {
+    /// The shared set of `topo` and a fresh namespace `<prefix>-<n>`, created in every
+    /// member.
+    pub async fn start(topo: Topo, prefix: &str) -> Case {
+        let case = Case::without_namespace(topo, prefix).await;
+        case.set.namespace(&case.ns).await;
+        case
+    }
+
+    /// [`Case::start`] with the namespace created nowhere yet.
+    pub async fn without_namespace(topo: Topo, prefix: &str) -> Case {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Case {
+            set: SharedSet::get(topo).await,
+            ns: format!("{prefix}-{n}"),
+        }
+    }
+}
+
+impl std::ops::Deref for Case {
+    type Target = ClusterSet;
+
+    fn deref(&self) -> &ClusterSet {
+        &self.set
+    }
+}
+
 /// Installs the hub's CRD and roles (`deploy/rbac/hub.yaml`) and each member's namespace
 /// and bindings (`deploy/rbac/hub-member.yaml`), as shipped.
 async fn setup_hub(admin: &Client, names: &[&str]) {
