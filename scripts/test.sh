@@ -4,8 +4,10 @@
 #   scripts/test.sh            # everything: builds what the tests need, then cargo test
 #   scripts/test.sh -p mcs-core  # extra arguments go to `cargo test`
 #
-# It installs or builds what the integration tests need, only when missing:
-#   - kube-apiserver, etcd and kube-controller-manager, built from Go modules into
+# Run it as root (the dataplane and image tests need it). It installs or builds what the
+# integration tests need, only when missing:
+#   - kube-apiserver, etcd, kube-controller-manager, kube-scheduler, kube-proxy and kubectl,
+#     built from Go modules into
 #     ~/.cache/mcs-k8s (scripts/k8s-bins.sh; cold build ~20 min, warm: instant);
 #   - kwok v0.8.0 (with its Stage objects) and CoreDNS v1.15.0, built the same way
 #     (scripts/kwok-coredns-bins.sh; cold ~6 min, warm: instant), exported as
@@ -22,6 +24,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+if [ "$(id -u)" != 0 ]; then
+	echo "test: the whole suite runs as root: the dataplane tests make network namespaces and" >&2
+	echo "test: nftables rules, the image test runs runc. Run it as root (sudo -E $0), or one" >&2
+	echo "test: package without those tests: cargo test -p mcs-core (see docs/testing.md)." >&2
+	exit 1
+fi
+
 MCS_K8S_BIN=$(scripts/k8s-bins.sh | tail -n 1)
 export MCS_K8S_BIN
 echo "test: Kubernetes binaries in $MCS_K8S_BIN"
@@ -37,27 +46,20 @@ MCS_HELM4=$(echo "$HELMS" | tail -n 1)
 export MCS_HELM3 MCS_HELM4
 echo "test: helm in $MCS_HELM3 and $MCS_HELM4"
 
-if ! command -v dig >/dev/null 2>&1; then
-	echo "test: installing dig (bind9-dnsutils)"
-	if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
-	$SUDO apt-get update -qq >/dev/null
-	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq bind9-dnsutils >/dev/null
-fi
-
-if ! command -v nft >/dev/null 2>&1; then
-	echo "test: installing nft (nftables, for kube-proxy in the dataplane tests)"
-	if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
-	$SUDO apt-get update -qq >/dev/null
-	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq nftables iproute2 >/dev/null
-fi
-
-for tool in umoci skopeo runc; do
+# Debian's packages for the tools the tests run, installed when missing.
+need() {
+	local tool=$1 package=$2 why=$3
 	if ! command -v "$tool" >/dev/null 2>&1; then
-		echo "test: installing $tool (Debian's package, for the image test)"
-		if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
-		$SUDO apt-get update -qq >/dev/null
-		DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$tool" >/dev/null
+		echo "test: installing $package ($why)"
+		apt-get update -qq >/dev/null
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$package" >/dev/null
 	fi
-done
+}
+need dig bind9-dnsutils "dig, for the DNS tests"
+need nft nftables "for kube-proxy in the dataplane tests"
+need ip iproute2 "for the dataplane tests"
+need umoci umoci "for the image test"
+need skopeo skopeo "for the image test"
+need runc runc "for the image test"
 
 cargo test --workspace --all-features "$@"
