@@ -6,12 +6,10 @@
 #      minimum supported Rust version, `rust-version` in Cargo.toml (cargo-hack's
 #      --rust-version: the toolchain is installed with rustup when missing).
 # The downstream crates on other Kubernetes versions are scripts/downstream.sh.
-# cargo-hack is installed from crates.io into ~/.cache/mcs-tools the first time.
+# cargo-hack comes from scripts/tools.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/mcs-target}"
-TOOLS="${MCS_TOOLS:-$HOME/.cache/mcs-tools}"
-CARGO_HACK_VERSION=0.6.46
 PUBLISHED=(mcs-core mcs-client mcs-kube mcs)
 
 # The library crates enable no k8s-openapi version feature (the application picks one), so
@@ -38,10 +36,7 @@ args=()
 for c in "${PUBLISHED[@]}"; do args+=(-p "$c"); done
 CARGO_TARGET_DIR="$PACKAGE_TARGET" cargo package --locked --allow-dirty "${args[@]}"
 
-if ! "$TOOLS/bin/cargo-hack" hack --version 2>/dev/null | grep -q "$CARGO_HACK_VERSION"; then
-	echo "crate-checks: installing cargo-hack $CARGO_HACK_VERSION into $TOOLS"
-	cargo install --locked --quiet --root "$TOOLS" cargo-hack --version "$CARGO_HACK_VERSION"
-fi
+TOOLS=$(scripts/tools.sh cargo-hack | tail -n 1)
 msrv=$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)
 if ! rustup run "$msrv" rustc --version >/dev/null 2>&1; then
 	echo "crate-checks: installing Rust $msrv (the rust-version of Cargo.toml)"
@@ -52,4 +47,4 @@ echo "crate-checks: every feature combination of ${PUBLISHED[*]} with Rust $msrv
 # them back at the end), which loses edits made meanwhile. It is not needed: `cargo check`
 # without --all-targets builds no dev-dependency, and resolver 3 keeps their features
 # (k8s-openapi's v1_35) out of the libraries' builds.
-PATH="$TOOLS/bin:$PATH" cargo hack check --rust-version --feature-powerset "${args[@]}"
+PATH="$TOOLS:$PATH" cargo hack check --rust-version --feature-powerset "${args[@]}"

@@ -13,8 +13,8 @@ unset K8S_OPENAPI_ENABLED_VERSION
 for crate in downstream/k8s-1-33 downstream/k8s-latest; do
 	echo "downstream: cargo test in $crate"
 	# The workspace's lock file is the starting point: the same versions as the workspace
-	# (so these builds reuse its compiled dependencies where the features agree), and no
-	# second lock file to keep in step. Cargo drops the packages these crates do not use.
+	# (so the two crates reuse each other's compiled dependencies where the features agree),
+	# and no second lock file to keep in step. Cargo drops the packages these crates do not use.
 	cp Cargo.lock "$crate/Cargo.lock"
 	cargo test --manifest-path "$crate/Cargo.toml"
 done

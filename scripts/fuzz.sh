@@ -4,12 +4,13 @@
 #   scripts/fuzz.sh                    # every target, 60 s each
 #   scripts/fuzz.sh all <seconds>      # every target, <seconds> each
 #   scripts/fuzz.sh --smoke            # every target, 10 s each (what CI runs)
+#   scripts/fuzz.sh --build            # build every target, run none (CI, beside the tests)
 #   scripts/fuzz.sh <target> [seconds] # one target (default 60 s)
 #   scripts/fuzz.sh --list             # the target names
 #
 # Targets: names, reasons, decode, merge, fold, dns (see docs/testing.md, "Fuzzing").
 #
-# It installs cargo-fuzz into ~/.cache/mcs-tools when missing and builds with the stable
+# cargo-fuzz comes from scripts/tools.sh. It builds with the stable
 # toolchain (RUSTC_BOOTSTRAP=1 unlocks the -Z flags cargo-fuzz passes), address sanitizer
 # on, debug assertions and overflow checks on. Build output goes to
 # ~/.cache/mcs-fuzz-target (MCS_FUZZ_TARGET_DIR overrides it). Each target starts from the
@@ -21,10 +22,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-CARGO_FUZZ_VERSION=0.13.2
-TOOLS="$HOME/.cache/mcs-tools"
 STATE="$HOME/.cache/mcs-fuzz"
-export PATH="$TOOLS/bin:$PATH"
 export RUSTC_BOOTSTRAP=1
 export CARGO_TARGET_DIR="${MCS_FUZZ_TARGET_DIR:-$HOME/.cache/mcs-fuzz-target}"
 export CARGO_TERM_COLOR=never
@@ -45,6 +43,7 @@ case "${1:-}" in
 		STATE=$(mktemp -d)
 		trap 'rm -rf "$STATE"' EXIT
 		;;
+	--build) seconds=0 ;;
 	--list) printf '%s\n' "${ALL[@]}"; exit 0 ;;
 	-h|--help) usage ;;
 	-*) usage ;;
@@ -61,16 +60,17 @@ case "$seconds" in
 	''|*[!0-9]*) echo "fuzz: seconds must be a whole number, got $seconds" >&2; exit 2 ;;
 esac
 
-if ! cargo fuzz --version >/dev/null 2>&1; then
-	echo "fuzz: installing cargo-fuzz $CARGO_FUZZ_VERSION into $TOOLS"
-	cargo install --locked --quiet --root "$TOOLS" "cargo-fuzz@$CARGO_FUZZ_VERSION"
-fi
+PATH="$(scripts/tools.sh cargo-fuzz | tail -n 1):$PATH"
+export PATH
 
 # Every checkout (each CI clone is a new path) builds mcs-core and the fuzz targets afresh,
 # under new names in the shared target; remove earlier checkouts' builds of them so the
-# target does not grow by ~200 MB a run. Their dependencies stay cached.
-cargo clean --manifest-path fuzz/Cargo.toml --release --target "$(rustc -vV | sed -n 's/^host: //p')" \
-	-p mcs-core -p mcs-fuzz --quiet
+# target does not grow by ~200 MB a run. Their dependencies stay cached. MCS_FUZZ_PRUNE=0
+# keeps them: CI sets it when it runs what `--build` built for this checkout.
+if [ "${MCS_FUZZ_PRUNE:-1}" != 0 ]; then
+	cargo clean --manifest-path fuzz/Cargo.toml --release --target "$(rustc -vV | sed -n 's/^host: //p')" \
+		-p mcs-core -p mcs-fuzz --quiet
+fi
 
 echo "fuzz: building ${targets[*]} ($(cargo fuzz --version), $(rustc --version))"
 start=$(date +%s)
@@ -80,6 +80,7 @@ else
 	(cd fuzz && cargo fuzz build "${targets[0]}")
 fi
 echo "fuzz: built in $(( $(date +%s) - start )) s; ${seconds} s per target"
+[ "$seconds" = 0 ] && exit 0
 
 mkdir -p "$STATE/logs"
 total=0

@@ -11,8 +11,7 @@
 #   mcs-<version>.tgz                 the chart (helm package)
 #   kubectl-mcs-<version>-x86_64-linux-gnu   the kubectl plugin, for download
 #   sbom/<crate>.cdx.json             CycloneDX SBOMs of the Rust dependencies of every
-#                                     workspace crate (cargo-cyclonedx from crates.io,
-#                                     installed into ~/.cache/mcs-tools the first time)
+#                                     workspace crate (cargo-cyclonedx, scripts/tools.sh)
 #   SHA256SUMS                        the SHA-256 of every file above (sha256sum -c reads it)
 #
 # Then it checks what it made: the image's user, entrypoint and labels, `helm lint
@@ -22,8 +21,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/mcs-target}"
-TOOLS="${MCS_TOOLS:-$HOME/.cache/mcs-tools}"
-CYCLONEDX_VERSION=0.5.9
 
 out="dist"
 bin=""
@@ -70,13 +67,10 @@ chart="$out/mcs-$chart_version.tgz"
 plugin="$out/kubectl-mcs-$version-x86_64-linux-gnu"
 install -m 0755 --strip "$bin/kubectl-mcs" "$plugin"
 
-echo "release: SBOMs (cargo-cyclonedx $CYCLONEDX_VERSION)"
-if ! "$TOOLS/bin/cargo-cyclonedx" --version 2>/dev/null | grep -q "$CYCLONEDX_VERSION"; then
-	echo "release: installing cargo-cyclonedx $CYCLONEDX_VERSION into $TOOLS"
-	cargo install --locked --quiet --root "$TOOLS" cargo-cyclonedx --version "$CYCLONEDX_VERSION"
-fi
+TOOLS=$(scripts/tools.sh cargo-cyclonedx | tail -n 1)
+echo "release: SBOMs ($("$TOOLS/cargo-cyclonedx" cyclonedx --version))"
 # It writes <name>.cdx.json beside each crate's Cargo.toml: move them out at once.
-PATH="$TOOLS/bin:$PATH" cargo cyclonedx --format json --all-features \
+PATH="$TOOLS:$PATH" cargo cyclonedx --format json --all-features \
 	--override-filename mcs-release.cdx >/dev/null
 for manifest in Cargo.toml */Cargo.toml; do
 	dir=$(dirname "$manifest")
