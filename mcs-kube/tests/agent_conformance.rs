@@ -112,6 +112,20 @@ async fn set3(topo: Topo) -> Case {
     Case::start(topo, NS).await
 }
 
+/// Cluster `last`, the last to export `hello`, stops: the import goes from every cluster.
+async fn unexport_last(set: &Case, last: usize) {
+    unexport(set.client(last), &set.ns, "hello").await;
+    for i in 0..3 {
+        wait_no_import(
+            set.client(i),
+            &set.ns,
+            "hello",
+            "import deleted after the last unexport",
+        )
+        .await;
+    }
+}
+
 async fn conformance_01_import_exists_while_at_least_one_cluster_exports(topo: Topo) {
     let set = set3(topo).await;
     two_cluster_export(
@@ -149,16 +163,7 @@ async fn conformance_01_import_exists_while_at_least_one_cluster_exports(topo: T
         .await;
     }
     hold_import(set.client(2), &set.ns, "hello", true).await;
-    unexport(set.client(1), &set.ns, "hello").await;
-    for i in 0..3 {
-        wait_no_import(
-            set.client(i),
-            &set.ns,
-            "hello",
-            "import deleted after the last unexport",
-        )
-        .await;
-    }
+    unexport_last(&set, 1).await;
 }
 
 async fn conformance_02_only_exported_labels_and_annotations_propagate(topo: Topo) {
@@ -280,16 +285,7 @@ async fn conformance_04_clusterip_export_creates_clustersetip_import_everywhere_
         Some("NoConflicts"),
     )
     .await;
-    unexport(set.client(0), &set.ns, "hello").await;
-    for i in 0..3 {
-        wait_no_import(
-            set.client(i),
-            &set.ns,
-            "hello",
-            "import deleted after unexport",
-        )
-        .await;
-    }
+    unexport_last(&set, 0).await;
 }
 
 async fn conformance_05_session_affinity_matches_the_exported_service(topo: Topo) {
@@ -483,16 +479,7 @@ async fn conformance_12_and_13_headless_export_creates_headless_import_without_i
         );
         tokio::time::sleep(std::time::Duration::from_millis(250)).await;
     }
-    unexport(set.client(0), &set.ns, "hello").await;
-    for i in 0..3 {
-        wait_no_import(
-            set.client(i),
-            &set.ns,
-            "hello",
-            "import deleted after unexport",
-        )
-        .await;
-    }
+    unexport_last(&set, 0).await;
 }
 
 async fn conformance_14_externalname_export_is_invalid_and_imports_nothing(topo: Topo) {
