@@ -376,19 +376,7 @@ impl ClusterSet {
     /// read the export itself.
     pub async fn wait_published(&self, i: usize, ns: &str, name: &str) {
         let Some(hub) = &self.hub else { return };
-        let records: Api<mcs_kube::hub::record::MemberExport> = Api::namespaced(
-            hub.admin.clone(),
-            &mcs_kube::hub::member_namespace(&self.ids[i]),
-        );
-        let record = mcs_kube::hub::record::record_name(
-            &mcs_core::name::ServiceRef::new(ns, name).expect("a valid service name"),
-        );
-        support::wait_for(
-            &format!("{}'s record {record} on the hub", self.ids[i]),
-            IMPORT_TIMEOUT,
-            || async { records.get_opt(&record).await.ok().flatten() },
-        )
-        .await;
+        wait_record(&hub.admin, &self.ids[i], ns, name).await;
     }
 
     /// Starts the agent of cluster `i` again.
@@ -495,9 +483,17 @@ impl Drop for SharedSet {
 /// One test's part of its topology's [`SharedSet`]: the set and a namespace of the test's
 /// own (what a test names, a Service and its export, its conflicts, is per namespace, so
 /// tests sharing the clusters and their agents keep apart).
+///
+/// A case has clients of its own, made on the test's runtime: a kube `Client`'s pooled
+/// connections run as tasks of the runtime that opened them, so a client shared between
+/// tests would keep connections that die with the test that opened them. [`Case::client`],
+/// [`Case::namespace`] and [`Case::wait_published`] use them; the set's own clients serve
+/// its agents only.
 pub struct Case {
     pub set: std::sync::Arc<SharedSet>,
     pub ns: String,
+    clients: Vec<Client>,
+    hub_admin: Option<Client>,
 }
 
 impl Case {
@@ -505,7 +501,7 @@ impl Case {
     /// member.
     pub async fn start(topo: Topo, prefix: &str) -> Case {
         let case = Case::without_namespace(topo, prefix).await;
-        case.set.namespace(&case.ns).await;
+        case.namespace(&case.ns).await;
         case
     }
 
@@ -513,9 +509,39 @@ impl Case {
     pub async fn without_namespace(topo: Topo, prefix: &str) -> Case {
         static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let set = SharedSet::get(topo).await;
+        let mut clients = Vec::new();
+        for cluster in &set.clusters {
+            clients.push(cluster.client().await);
+        }
+        let hub_admin = match &set.hub {
+            Some(hub) => Some(hub.cluster.client().await),
+            None => None,
+        };
         Case {
-            set: SharedSet::get(topo).await,
+            set,
             ns: format!("{prefix}-{n}"),
+            clients,
+            hub_admin,
+        }
+    }
+
+    /// The admin client of cluster `i`, this case's own.
+    pub fn client(&self, i: usize) -> &Client {
+        &self.clients[i]
+    }
+
+    /// Creates `ns` in every cluster.
+    pub async fn namespace(&self, ns: &str) {
+        for c in &self.clients {
+            support::create_namespace(c, ns).await;
+        }
+    }
+
+    /// [`ClusterSet::wait_published`] with this case's hub client.
+    pub async fn wait_published(&self, i: usize, ns: &str, name: &str) {
+        if let Some(admin) = &self.hub_admin {
+            wait_record(admin, &self.set.ids[i], ns, name).await;
         }
     }
 }
@@ -526,6 +552,21 @@ impl std::ops::Deref for Case {
     fn deref(&self) -> &ClusterSet {
         &self.set
     }
+}
+
+/// Waits until `id`'s record of Service `ns/name` is on the hub (read with `admin`).
+async fn wait_record(admin: &Client, id: &ClusterId, ns: &str, name: &str) {
+    let records: Api<mcs_kube::hub::record::MemberExport> =
+        Api::namespaced(admin.clone(), &mcs_kube::hub::member_namespace(id));
+    let record = mcs_kube::hub::record::record_name(
+        &mcs_core::name::ServiceRef::new(ns, name).expect("a valid service name"),
+    );
+    support::wait_for(
+        &format!("{id}'s record {record} on the hub"),
+        IMPORT_TIMEOUT,
+        || async { records.get_opt(&record).await.ok().flatten() },
+    )
+    .await;
 }
 
 /// Installs the hub's CRD and roles (`deploy/rbac/hub.yaml`) and each member's namespace
