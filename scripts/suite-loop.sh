@@ -13,7 +13,8 @@
 # (exit code, seconds, test binaries, tests passed and failed, load average) goes to
 # ~/.cache/mcs-suite-loop/summary.txt and to stdout. CARGO_TARGET_DIR, if set, is the tests'
 # target dir. It goes on after a failed run, and each run after a failed test binary
-# (cargo test --no-fail-fast), so that one loop shows every flaky test; the exit code is
+# (cargo test --no-fail-fast), so that one loop shows every flaky test; it ends with the runs
+# and failures of each test binary (also in summary.txt); the exit code is
 # non-zero if any run failed.
 #
 # Run one loop per machine at a time: mcs-client's tests bind fixed loopback addresses, so
@@ -81,6 +82,14 @@ if [ "$load" = yes ]; then
 	set +m
 fi
 
+# Each test binary of a run's log and its result: "<crate>/<target> ok|FAILED" (a binary is
+# named by the "Running" line before its "test result" line).
+binary_results() {
+	awk '/ Running (unittests|tests|benches|examples)/ {bin = $0; sub(/.* Running /, "", bin); sub(/ .*/, "", bin); if (bin == "unittests") {bin = $0; sub(/.* Running unittests /, "", bin); sub(/ .*/, "", bin)}}
+		/ Running .*\/deps\// {match($0, /deps\/[^ )]*-[0-9a-f]+\)/); id = substr($0, RSTART + 5, RLENGTH - 23)}
+		/test result: / {r = $0; sub(/.*test result: /, "", r); print id ":" bin, (r ~ /^ok/ ? "ok" : "FAILED")}' "$1"
+}
+
 failed_runs=0
 for i in $(seq 1 "$runs"); do
 	start=$(date +%s)
@@ -92,7 +101,14 @@ for i in $(seq 1 "$runs"); do
 	bins=$(grep -cE '^test result:' "$base/run-$i.log" || true)
 	[ "$rc" = 0 ] || failed_runs=$((failed_runs + 1))
 	echo "run $i $commit rc=$rc $((end - start))s binaries=$bins passed=$passed failed=$failed" \
-		"loadavg=$(cut -d' ' -f1-3 /proc/loadavg) end $(date -u +%T)" | tee -a "$summary"
+		"loadavg=$(cut -d' ' -f1-3 /proc/loadavg) end $(date -u +%T)" \
+		"failed binaries: $(binary_results "$base/run-$i.log" | awk '$2 == "FAILED" {printf "%s ", $1}')" |
+		tee -a "$summary"
 done
-echo "suite-loop: $((runs - failed_runs)) of $runs run(s) passed" | tee -a "$summary"
+echo "suite-loop: $((runs - failed_runs)) of $runs run(s) passed; runs and failures per test binary:" |
+	tee -a "$summary"
+for i in $(seq 1 "$runs"); do binary_results "$base/run-$i.log"; done |
+	awk '{ran[$1]++} $2 == "FAILED" {failed[$1]++}
+		END {for (b in ran) printf "  %-40s %3d run(s) %3d failed\n", b, ran[b], failed[b]}' |
+	sort | tee -a "$summary"
 [ "$failed_runs" = 0 ]
