@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build kube-apiserver, etcd, kube-controller-manager, kube-scheduler, kube-proxy and
-# kubectl from Go modules (through
+# Build kube-apiserver, etcd, kube-controller-manager, kube-scheduler, kube-proxy, kubelet
+# and kubectl from Go modules (through
 # the Go module proxy) into a per-user cache, only when they are missing.
 #
 #   export MCS_K8S_BIN=$(scripts/k8s-bins.sh | tail -1)
@@ -25,7 +25,7 @@ export GOFLAGS="${GOFLAGS:+$GOFLAGS }-buildvcs=false"
 
 CACHE="${MCS_K8S_CACHE:-$HOME/.cache/mcs-k8s}"
 DEFAULT_VERSIONS=(1.35.4 1.34.4)
-BINS=(kube-apiserver etcd kube-controller-manager kube-scheduler kube-proxy kubectl)
+BINS=(kube-apiserver etcd kube-controller-manager kube-scheduler kube-proxy kubelet kubectl)
 
 log() { echo "k8s-bins: $*"; }
 die() { echo "k8s-bins: ERROR: $*" >&2; exit 1; }
@@ -120,6 +120,7 @@ go get "k8s.io/kubernetes@v$V" \
 	"k8s.io/kubernetes/cmd/kube-controller-manager@v$V" \
 	"k8s.io/kubernetes/cmd/kube-scheduler@v$V" \
 	"k8s.io/kubernetes/cmd/kube-proxy@v$V" \
+	"k8s.io/kubernetes/cmd/kubelet@v$V" \
 	"k8s.io/kubernetes/cmd/kubectl@v$V" >&2
 
 # 3. etcd at exactly the version that kubernetes pins.
@@ -157,6 +158,7 @@ build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "$LDF"
 build kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager "$LDF"
 build kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler "$LDF"
 build kube-proxy k8s.io/kubernetes/cmd/kube-proxy "$LDF"
+build kubelet k8s.io/kubernetes/cmd/kubelet "$LDF"
 build kubectl k8s.io/kubernetes/cmd/kubectl "$LDF"
 
 # 5. smoke-check what we built. (Not `| head -1`: under pipefail, etcd writing its later
@@ -167,6 +169,7 @@ build kubectl k8s.io/kubernetes/cmd/kubectl "$LDF"
 "$BIN/kube-controller-manager" --version
 "$BIN/kube-scheduler" --version
 "$BIN/kube-proxy" --version
+"$BIN/kubelet" --version
 "$BIN/kubectl" version --client
 cat >"$W/VERSIONS" <<EOF
 kubernetes v$V

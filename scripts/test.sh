@@ -19,7 +19,11 @@
 #   - nft and ip (Debian's nftables, iproute2) for the dataplane tests (kube-proxy in
 #     nftables mode in network namespaces; they run as root);
 #   - umoci, skopeo and runc (Debian's packages) for the image test (scripts/image.sh
-#     builds the image from the test build's binaries; runc runs it, as root).
+#     builds the image from the test build's binaries; runc runs it, as root);
+#   - containerd (with ctr), the CNI plugins (containernetworking-plugins), a static
+#     busybox (busybox-static) and a static libc (libc6-dev) for the real-node tests:
+#     kubelet (built with the other Kubernetes binaries) and containerd run Pods in the
+#     lab's network namespaces, from images the harness builds (a static pause, busybox).
 # Tests that need these fail loudly when they are missing; nothing is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,10 +50,12 @@ MCS_HELM4=$(echo "$HELMS" | tail -n 1)
 export MCS_HELM3 MCS_HELM4
 echo "test: helm in $MCS_HELM3 and $MCS_HELM4"
 
-# Debian's packages for the tools the tests run, installed when missing.
+# Debian's packages for the tools the tests run, installed when missing (a tool is a
+# command, or a file when it has a slash).
 need() {
 	local tool=$1 package=$2 why=$3
-	if ! command -v "$tool" >/dev/null 2>&1; then
+	if { [ "${tool#*/}" = "$tool" ] && ! command -v "$tool" >/dev/null 2>&1; } ||
+		{ [ "${tool#*/}" != "$tool" ] && [ ! -e "$tool" ]; }; then
 		echo "test: installing $package ($why)"
 		apt-get update -qq >/dev/null
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$package" >/dev/null
@@ -60,6 +66,10 @@ need nft nftables "for kube-proxy in the dataplane tests"
 need ip iproute2 "for the dataplane tests"
 need umoci umoci "for the image test"
 need skopeo skopeo "for the image test"
-need runc runc "for the image test"
+need runc runc "for the image test and the real nodes"
+need containerd containerd "for the real nodes"
+need /usr/lib/cni/bridge containernetworking-plugins "for the real nodes' Pod networks"
+need /bin/busybox busybox-static "for the real nodes' test image"
+need /usr/lib/x86_64-linux-gnu/libc.a libc6-dev "to build the real nodes' pause image"
 
 cargo test --workspace --all-features "$@"

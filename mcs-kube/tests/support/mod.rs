@@ -26,6 +26,7 @@
 //!   kube-scheduler and kwok), scaling, readiness, deletion, watch-based waits;
 //! - [`manifests`]: `deploy/` manifests read and applied as shipped;
 //! - [`netlab`]: nodes and pods as network namespaces with kube-proxy (dataplane tests);
+//!   [`node`]: real nodes there, containerd and kubelet running Pods from local images;
 //! - [`wait`]: polling with a deadline ([`wait_for`]); [`requests`]: what one client asked
 //!   ([`recorded`]); [`http`]: plain HTTP through hyper; [`dns`]: DNS clients for tests;
 //! - [`coredns`]: CoreDNS started with a Corefile the test writes ([`CoreDns`]).
@@ -43,6 +44,7 @@ mod kubeconfig;
 pub mod kwok;
 pub mod manifests;
 pub mod netlab;
+pub mod node;
 pub mod objects;
 mod pki;
 mod process;

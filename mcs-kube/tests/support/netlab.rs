@@ -46,6 +46,7 @@ use rustix::thread::{LinkNameSpaceType, move_into_link_name_space};
 use super::bins::bin_dir;
 use super::cluster::TestCluster;
 use super::http::http_get;
+use super::node::{KubeletNode, NodeNetwork};
 use super::process::{reap, spawn, tail};
 
 /// Prefix of every namespace name a lab creates: `mcslab<pid>-...`.
@@ -197,6 +198,7 @@ pub struct Lab {
     children: Mutex<Vec<(String, Child)>>,
     nodes: Vec<LabNode>,
     pods: Mutex<Vec<LabPod>>,
+    kubelets: Vec<KubeletNode>,
     dir: tempfile::TempDir,
 }
 
@@ -237,6 +239,7 @@ impl Lab {
             children: Mutex::new(Vec::new()),
             nodes: Vec::new(),
             pods: Mutex::new(Vec::new()),
+            kubelets: Vec::new(),
             dir: tempfile::Builder::new()
                 .prefix("mcs-netlab-")
                 .tempdir()
@@ -407,6 +410,27 @@ impl Lab {
             log,
         });
         i
+    }
+
+    /// Starts a real node of `cluster` in lab node `i`'s namespace: containerd and kubelet,
+    /// registered as Node `<cluster>-kubelet` (see `support/node.rs`); its Pods get
+    /// addresses from the `podCIDR` the cluster gives it, which the lab routes to node `i`
+    /// with the rest of the cluster's pod CIDR. Node `i`'s kube-proxy serves its Pods too.
+    /// Waits until the Node is Ready. Must run inside the lab's runtime.
+    pub async fn add_kubelet(&mut self, i: usize, cluster: &TestCluster) -> &mut KubeletNode {
+        let net = NodeNetwork {
+            netns: self.nodes[i].netns.clone(),
+            node_ip: node_address(i),
+        };
+        let name = format!("{}-kubelet", cluster.name());
+        let node = KubeletNode::start(cluster, &name, &net).await;
+        self.kubelets.push(node);
+        self.kubelets.last_mut().expect("just added")
+    }
+
+    /// The `i`-th real node added with [`Lab::add_kubelet`].
+    pub fn kubelet(&mut self, i: usize) -> &mut KubeletNode {
+        &mut self.kubelets[i]
     }
 
     /// The last `lines` lines of node `i`'s kube-proxy log.
@@ -694,6 +718,8 @@ pub fn serve_pod(pod: &LabPod, port: u16) -> Arc<std::sync::atomic::AtomicU64> {
 
 impl Drop for Lab {
     fn drop(&mut self) {
+        // Real nodes first: their Pods' processes, mounts and cgroups.
+        self.kubelets.clear();
         for (_, child) in self.children.lock().unwrap().drain(..) {
             reap(child);
         }
