@@ -249,20 +249,27 @@ fn bundle(
     bundle
 }
 
-/// A runc container, killed and deleted when dropped.
+/// A runc container, killed and deleted when dropped. runc keeps its state beside the
+/// bundle (`--root`), not in the host's `/run/runc`.
 struct Container {
     id: String,
+    root: PathBuf,
     child: std::process::Child,
     log: PathBuf,
 }
 
 impl Container {
     fn start(bundle: &Path, id: &str, log: PathBuf) -> Self {
+        let root = bundle.with_file_name(format!("runc-{id}"));
         let _ = Command::new("runc")
+            .arg("--root")
+            .arg(&root)
             .args(["delete", "--force", id])
             .output();
         let out = std::fs::File::create(&log).unwrap();
         let child = Command::new("runc")
+            .arg("--root")
+            .arg(&root)
             .arg("run")
             .arg("--bundle")
             .arg(bundle)
@@ -274,6 +281,7 @@ impl Container {
             .expect("runc run (Debian's runc)");
         Self {
             id: id.to_owned(),
+            root,
             child,
             log,
         }
@@ -287,10 +295,14 @@ impl Container {
 impl Drop for Container {
     fn drop(&mut self) {
         let _ = Command::new("runc")
+            .arg("--root")
+            .arg(&self.root)
             .args(["kill", &self.id, "KILL"])
             .output();
         let _ = self.child.wait();
         let _ = Command::new("runc")
+            .arg("--root")
+            .arg(&self.root)
             .args(["delete", "--force", &self.id])
             .output();
     }
