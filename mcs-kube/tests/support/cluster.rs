@@ -70,6 +70,18 @@ pub struct ClusterOptions {
     /// [`ClusterOptions::pods`] and no [`ClusterOptions::pod_cidr`], the `i`-th cluster
     /// gets [`dual_stack_pod_cidr_for`]`(i)`, so its Pods have an address of each family.
     pub dual_stack: bool,
+    /// Real nodes will run Pods of this cluster (`support/node.rs`), so Pods must reach the
+    /// API server as in a real cluster: it listens on every address of the lab's namespace
+    /// and advertises [`LAB_DUMMY`] (the `kubernetes` Service's endpoint, which kube-proxy on
+    /// the nodes routes to), and Pods get ServiceAccount tokens (the ServiceAccount
+    /// admission plugin, and the controller manager's ServiceAccount and `kube-root-ca.crt`
+    /// publishers). Only inside a [`Lab`] (the start panics elsewhere: the API server must
+    /// not listen on the host's addresses); needs [`ClusterOptions::pod_cidr`] or
+    /// [`ClusterOptions::pods`] for the nodes' Pod ranges.
+    ///
+    /// [`LAB_DUMMY`]: super::netlab::LAB_DUMMY
+    /// [`Lab`]: super::netlab::Lab
+    pub kubelet_nodes: bool,
 }
 
 impl ClusterOptions {
@@ -112,6 +124,7 @@ impl Default for ClusterOptions {
             pod_cidr: None,
             pods: false,
             dual_stack: false,
+            kubelet_nodes: false,
         }
     }
 }
@@ -567,9 +580,20 @@ impl TestCluster {
     fn spawn_apiserver(&mut self) {
         let p = &self.path;
         let f = |n: &str| p.join(n).display().to_string();
+        let bind = if self.opts.kubelet_nodes {
+            assert!(
+                super::netlab::in_a_lab(),
+                "cluster {}: ClusterOptions::kubelet_nodes makes the API server listen on every \
+                 address: start it inside a Lab (support/netlab.rs), never on the host",
+                self.name
+            );
+            "0.0.0.0"
+        } else {
+            "127.0.0.1"
+        };
         let mut args = vec![
             format!("--etcd-servers=http://127.0.0.1:{}", self.etcd_client_port),
-            "--bind-address=127.0.0.1".into(),
+            format!("--bind-address={bind}"),
             format!("--secure-port={}", self.apiserver_port),
             format!("--cert-dir={}", f("apiserver-certs")),
             format!("--tls-cert-file={}", f(pki::SERVER_CERT)),
@@ -580,12 +604,20 @@ impl TestCluster {
             format!("--service-account-signing-key-file={}", f(pki::SA_KEY)),
             format!("--service-cluster-ip-range={}", self.opts.service_cidr),
             "--authorization-mode=RBAC".into(),
-            "--disable-admission-plugins=ServiceAccount".into(),
             "--allow-privileged=true".into(),
-            // Endpoints may not be loopback: keep the `kubernetes` Service endpoint-less.
-            "--endpoint-reconciler-type=none".into(),
             "--profiling=false".into(),
         ];
+        if self.opts.kubelet_nodes {
+            // The `kubernetes` Service's endpoint: the lab's own address, which Pods reach
+            // through their node.
+            args.push(format!("--advertise-address={}", super::netlab::LAB_DUMMY));
+        } else {
+            args.extend([
+                "--disable-admission-plugins=ServiceAccount".into(),
+                // Endpoints may not be loopback: keep the `kubernetes` Service endpoint-less.
+                "--endpoint-reconciler-type=none".into(),
+            ]);
+        }
         args.extend(self.extra_apiserver_args.iter().cloned());
         self.apiserver = Some(self.spawn("kube-apiserver", &args));
     }
@@ -616,6 +648,23 @@ impl TestCluster {
             "--profiling=false".into(),
         ];
         args.extend(ipam);
+        if self.opts.kubelet_nodes {
+            // Every namespace's `default` ServiceAccount and `kube-root-ca.crt`, which a Pod's
+            // projected ServiceAccount volume reads; the node lifecycle controller removes
+            // the not-ready taint a kubelet registers its Node with, once it is Ready.
+            let controllers = args
+                .iter_mut()
+                .find(|a| a.starts_with("--controllers="))
+                .expect("the controllers argument");
+            controllers.push_str(
+                ",serviceaccount-controller,root-ca-certificate-publisher-controller,\
+                 node-lifecycle-controller",
+            );
+            args.push(format!(
+                "--root-ca-file={}",
+                self.path.join(pki::CA_CERT).display()
+            ));
+        }
         self.controller_manager = Some(self.spawn("kube-controller-manager", &args));
     }
 

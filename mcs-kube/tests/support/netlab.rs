@@ -114,6 +114,14 @@ fn join_netns(name: &str) {
         .unwrap_or_else(|e| panic!("setns into network namespace {name}: {e}"));
 }
 
+/// Whether the calling thread is in this process's [`Lab`] namespace.
+pub fn in_a_lab() -> bool {
+    let lab = netns_path(&format!("{PREFIX}{}-lab", std::process::id()));
+    lab.exists()
+        && current_netns_inode("/proc/thread-self/ns/net")
+            == current_netns_inode(&lab.display().to_string())
+}
+
 fn current_netns_inode(path: &str) -> u64 {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(path)

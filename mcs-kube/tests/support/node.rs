@@ -35,7 +35,7 @@ use kube::api::{Api, ObjectMeta, PostParams};
 
 use super::bins::bin_dir;
 use super::cluster::TestCluster;
-use super::process::{reap, scratch_dir, spawn, tail};
+use super::process::{reap, scratch_dir_on_disk, spawn, tail};
 
 /// The sandbox image every node's containerd is configured with.
 pub const PAUSE_IMAGE: &str = "localhost/mcs-pause:1";
@@ -103,7 +103,8 @@ impl KubeletNode {
             "{} missing: scripts/k8s-bins.sh builds kubelet with the other binaries",
             kubelet_bin.display()
         );
-        let dir = scratch_dir(&format!("node-{name}"));
+        // On disk: kubelet's eviction manager needs its image store on a block device.
+        let dir = scratch_dir_on_disk(&format!("node-{name}"));
         let root = dir.path().to_owned();
         for sub in [
             "containerd/root",
@@ -154,18 +155,7 @@ impl KubeletNode {
         })
         .await;
         for archive in node_images(&root.join("images")) {
-            let out = Command::new(&ctr)
-                .args(["-a", &socket.display().to_string(), "-n", "k8s.io"])
-                .args(["images", "import"])
-                .arg(&archive)
-                .output()
-                .expect("run ctr");
-            assert!(
-                out.status.success(),
-                "ctr images import {}: {}",
-                archive.display(),
-                String::from_utf8_lossy(&out.stderr)
-            );
+            node.import_image(&archive);
         }
 
         // kubelet as system:node:<name>.
@@ -223,6 +213,27 @@ impl KubeletNode {
     /// The Node's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Imports the image(s) of a docker-archive into the node's containerd, where its Pods
+    /// find them (nothing is pulled: Pods use `imagePullPolicy: Never` or `IfNotPresent`).
+    /// An archive's `name:tag` is normalized as a Pod's image is (`mcs:test` is
+    /// `docker.io/library/mcs:test`).
+    pub fn import_image(&self, archive: &Path) {
+        let socket = self.dir.path().join("containerd.sock");
+        let out = Command::new(need("ctr", "containerd"))
+            .args(["-a", &socket.display().to_string(), "-n", "k8s.io"])
+            .args(["images", "import"])
+            .arg(archive)
+            .output()
+            .expect("run ctr");
+        assert!(
+            out.status.success(),
+            "node {}: ctr images import {}: {}",
+            self.name,
+            archive.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// The Node's `podCIDR`, where its Pods' addresses come from.

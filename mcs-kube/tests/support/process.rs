@@ -52,16 +52,21 @@ fn has_setpriv() -> bool {
 /// A fresh directory for one cluster, on `/dev/shm` when possible. Directories left
 /// behind by test processes that were killed (so never ran `Drop`) are removed first.
 pub(super) fn scratch_dir(name: &str) -> TempDir {
+    scratch_dir_cleaned();
+    let dir = create_scratch_dir(name);
+    fs::write(dir.path().join("owner.pid"), std::process::id().to_string())
+        .expect("write owner.pid");
+    dir
+}
+
+/// Removes, once per process, the scratch directories of test processes that are gone.
+fn scratch_dir_cleaned() {
     static CLEANED: OnceLock<()> = OnceLock::new();
     CLEANED.get_or_init(|| {
         for root in [Path::new("/dev/shm").to_path_buf(), std::env::temp_dir()] {
             remove_stale_dirs(&root);
         }
     });
-    let dir = create_scratch_dir(name);
-    fs::write(dir.path().join("owner.pid"), std::process::id().to_string())
-        .expect("write owner.pid");
-    dir
 }
 
 fn remove_stale_dirs(root: &Path) {
@@ -70,7 +75,10 @@ fn remove_stale_dirs(root: &Path) {
     };
     for e in entries.flatten() {
         let path = e.path();
-        let is_ours = e.file_name().to_string_lossy().starts_with("mcs-k8s-");
+        let name = e.file_name().to_string_lossy().into_owned();
+        // A node's folder holds mounts and its Pods' processes: the node sweep
+        // (`support/node.rs`) tears it down first.
+        let is_ours = name.starts_with("mcs-k8s-") && !name.starts_with("mcs-k8s-node-");
         let Ok(pid) = fs::read_to_string(path.join("owner.pid")) else {
             continue;
         };
@@ -78,6 +86,19 @@ fn remove_stale_dirs(root: &Path) {
             let _ = fs::remove_dir_all(&path);
         }
     }
+}
+
+/// [`scratch_dir`] on the disk (the temporary directory), never in memory: for a node,
+/// whose kubelet needs the filesystem of its image store to be a block device's.
+pub(super) fn scratch_dir_on_disk(name: &str) -> TempDir {
+    scratch_dir_cleaned();
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("mcs-k8s-{name}-"))
+        .tempdir()
+        .expect("create temp dir");
+    fs::write(dir.path().join("owner.pid"), std::process::id().to_string())
+        .expect("write owner.pid");
+    dir
 }
 
 fn create_scratch_dir(name: &str) -> TempDir {

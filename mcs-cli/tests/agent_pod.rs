@@ -1,0 +1,240 @@
+//! mcs installed with its chart runs as Pods on a real node: `helm install` of `charts/mcs`
+//! into a cluster whose node is kubelet and containerd (`support/node.rs`), with the image
+//! `scripts/image.sh` makes from this test build's binaries imported into the node. The
+//! agent and the DNS server become Ready by kubelet's own probes; the agent, with the
+//! in-cluster configuration and the chart's ServiceAccount and RBAC, imports a Service
+//! exported in its cluster and gets it a ClusterSetIP from the cluster's service CIDR.
+//!
+//! Needs root and what `scripts/test.sh` installs (kubelet, containerd, helm, umoci,
+//! skopeo).
+
+#[path = "../../mcs-kube/tests/support/mod.rs"]
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{Api, PostParams};
+use mcs_core::api::{
+    ServiceExportSpec,
+    v1beta1::{ServiceExport, ServiceImport},
+};
+use support::netlab::Lab;
+
+const RELEASE: &str = "mcs";
+const RELEASE_NS: &str = "mcs-system";
+const NS: &str = "loyalty";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn run(cmd: &mut Command, what: &str) -> String {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The image `mcs:test` from the binaries cargo built for this test, as a docker-archive.
+fn image_archive(out: &Path) -> PathBuf {
+    let bin_dir = Path::new(env!("CARGO_BIN_EXE_mcs-agent")).parent().unwrap();
+    run(
+        Command::new(repo().join("scripts/image.sh"))
+            .arg("--bin-dir")
+            .arg(bin_dir)
+            .arg("--out")
+            .arg(out)
+            .arg("--tag")
+            .arg("test"),
+        "scripts/image.sh",
+    );
+    out.join("mcs-image-test.tar")
+}
+
+/// Helm 4, built by `scripts/helm-bins.sh` (`scripts/test.sh` exports it).
+fn helm4() -> PathBuf {
+    let path = std::env::var_os("MCS_HELM4").map(PathBuf::from).unwrap_or_else(|| {
+        panic!("MCS_HELM4 is not set: run scripts/test.sh, or export MCS_HELM4=$(scripts/helm-bins.sh | tail -n 1)")
+    });
+    assert!(
+        path.is_file(),
+        "MCS_HELM4={} does not exist",
+        path.display()
+    );
+    path
+}
+
+#[test]
+fn the_chart_runs_the_agent_and_the_dns_server_as_pods_on_a_real_node() {
+    let mut lab = Lab::enter();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    rt.block_on(installed(&mut lab));
+    drop(rt);
+    drop(lab);
+}
+
+async fn installed(lab: &mut Lab) {
+    let scratch = tempfile::tempdir().unwrap();
+    let archive = {
+        let out = scratch.path().join("image");
+        tokio::task::spawn_blocking(move || image_archive(&out))
+            .await
+            .unwrap()
+    };
+    let cluster = support::start_cluster(
+        "east",
+        support::ClusterOptions {
+            kubelet_nodes: true,
+            ..support::ClusterOptions::default().with_pods()
+        },
+    )
+    .await;
+    lab.add_node(&cluster);
+    let node = lab.add_kubelet(0, &cluster).await;
+    node.import_image(&archive);
+
+    // helm install, as a user would, with the image already on the node.
+    let helm_home = scratch.path().join("helm");
+    run(
+        Command::new(helm4())
+            .env("HELM_CACHE_HOME", helm_home.join("cache"))
+            .env("HELM_CONFIG_HOME", helm_home.join("config"))
+            .env("HELM_DATA_HOME", helm_home.join("data"))
+            .arg("install")
+            .arg(RELEASE)
+            .arg(repo().join("charts/mcs"))
+            .args(["--namespace", RELEASE_NS, "--create-namespace"])
+            .arg("--kubeconfig")
+            .arg(cluster.kubeconfig_path())
+            .args([
+                "--set",
+                "clusterId=east",
+                "--set",
+                "image.tag=test",
+                "--set",
+                "image.pullPolicy=Never",
+                "--set",
+                "dns.replicas=1",
+                // The scheduler's other Node is kwok's, which runs no container.
+                "--set",
+                "agent.nodeSelector.kubernetes\\.io/hostname=east-kubelet",
+                "--set",
+                "dns.nodeSelector.kubernetes\\.io/hostname=east-kubelet",
+                "--wait=hookOnly",
+            ]),
+        "helm install",
+    );
+
+    let client = cluster.client().await;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), RELEASE_NS);
+    for name in ["mcs-agent", "mcs-dns"] {
+        let available = kube::runtime::wait::await_condition(
+            deployments.clone(),
+            name,
+            |d: Option<&Deployment>| {
+                d.and_then(|d| d.status.as_ref())
+                    .is_some_and(|s| s.available_replicas.unwrap_or(0) >= 1)
+            },
+        );
+        match tokio::time::timeout(Duration::from_secs(120), available).await {
+            Ok(Ok(_)) => {}
+            other => panic!(
+                "Deployment {RELEASE_NS}/{name} never had an available Pod ({other:?}); \
+                 {}\nkubelet:\n{}",
+                what_happened(&client).await,
+                lab.kubelet(0).log_tail("kubelet", 40)
+            ),
+        }
+    }
+
+    // The agent in its Pod imports what its cluster exports.
+    support::create_namespace(&client, NS).await;
+    let service = support::service(
+        "loyalty-accrual",
+        "loyalty-accrual",
+        &[("grpc", 9443, "TCP")],
+        false,
+    );
+    Api::<Service>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &service)
+        .await
+        .expect("create the Service");
+    let mut export = ServiceExport::new("loyalty-accrual", ServiceExportSpec::default());
+    export.metadata.namespace = Some(NS.into());
+    Api::<ServiceExport>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &export)
+        .await
+        .expect("create the ServiceExport");
+    let imports: Api<ServiceImport> = Api::namespaced(client.clone(), NS);
+    let imported = kube::runtime::wait::await_condition(
+        imports.clone(),
+        "loyalty-accrual",
+        |si: Option<&ServiceImport>| si.is_some_and(|si| si.spec.ips.is_some()),
+    );
+    let si = match tokio::time::timeout(Duration::from_secs(120), imported).await {
+        Ok(Ok(Some(si))) => si,
+        other => panic!("no ServiceImport with a ClusterSetIP from the agent's Pod ({other:?})"),
+    };
+    let ip: std::net::Ipv4Addr = si.spec.ips.unwrap()[0].parse().unwrap();
+    assert_eq!(
+        ip.octets()[..3],
+        [10, 0, 0],
+        "the ClusterSetIP {ip} comes from east's service CIDR {}",
+        support::SERVICE_CIDR
+    );
+}
+
+/// The release namespace's Pods and Events, for a failure message.
+async fn what_happened(client: &kube::Client) -> String {
+    use k8s_openapi::api::core::v1::{Event, Pod};
+    let pods: Api<Pod> = Api::namespaced(client.clone(), RELEASE_NS);
+    let events: Api<Event> = Api::namespaced(client.clone(), RELEASE_NS);
+    let mut out = String::from("Pods:\n");
+    for p in pods
+        .list(&Default::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        let status = p.status.unwrap_or_default();
+        out += &format!(
+            "  {} on {:?}: {:?} {:?}\n",
+            p.metadata.name.unwrap_or_default(),
+            p.spec.and_then(|s| s.node_name),
+            status.phase,
+            status.container_statuses
+        );
+    }
+    out += "Events:\n";
+    for e in events
+        .list(&Default::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        out += &format!(
+            "  {} {:?} {:?}: {}\n",
+            e.involved_object.name.unwrap_or_default(),
+            e.type_,
+            e.reason,
+            e.message.unwrap_or_default()
+        );
+    }
+    out
+}
