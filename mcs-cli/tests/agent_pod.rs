@@ -158,7 +158,7 @@ async fn installed(lab: &mut Lab) {
                 "Deployment {RELEASE_NS}/{name} never had an available Pod ({other:?}); \
                  {}\nkubelet:\n{}",
                 what_happened(&client).await,
-                lab.kubelet(0).log_tail("kubelet", 40)
+                lab.kubelet(0).log_tail("kubelet", 20)
             ),
         }
     }
@@ -189,7 +189,12 @@ async fn installed(lab: &mut Lab) {
     );
     let si = match tokio::time::timeout(Duration::from_secs(120), imported).await {
         Ok(Ok(Some(si))) => si,
-        other => panic!("no ServiceImport with a ClusterSetIP from the agent's Pod ({other:?})"),
+        other => panic!(
+            "no ServiceImport with a ClusterSetIP from the agent's Pod ({other:?}); the agent's \
+             log:\n{}",
+            lab.kubelet(0)
+                .container_logs(RELEASE_NS, "mcs-agent-", "agent", 30)
+        ),
     };
     let ip: std::net::Ipv4Addr = si.spec.ips.unwrap()[0].parse().unwrap();
     assert_eq!(

@@ -236,6 +236,46 @@ impl KubeletNode {
         );
     }
 
+    /// The last `lines` lines of the logs of every container named `container` of the Pods
+    /// in namespace `ns` whose names start with `pod_prefix` (kubelet's log files in the
+    /// node's folder, so no API server to kubelet connection is needed).
+    pub fn container_logs(
+        &self,
+        ns: &str,
+        pod_prefix: &str,
+        container: &str,
+        lines: usize,
+    ) -> String {
+        let mut out = String::new();
+        let pods = self.dir.path().join("pods");
+        let prefix = format!("{ns}_{pod_prefix}");
+        for pod in std::fs::read_dir(&pods).into_iter().flatten().flatten() {
+            let name = pod.file_name().to_string_lossy().into_owned();
+            if !name.starts_with(&prefix) {
+                continue;
+            }
+            for log in std::fs::read_dir(pod.path().join(container))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                out += &format!(
+                    "--- {name}/{container}/{}\n",
+                    log.file_name().to_string_lossy()
+                );
+                out += &tail(&log.path(), lines);
+                out.push('\n');
+            }
+        }
+        if out.is_empty() {
+            out = format!(
+                "(no log of {ns}/{pod_prefix}*/{container} on node {})",
+                self.name
+            );
+        }
+        out
+    }
+
     /// The Node's `podCIDR`, where its Pods' addresses come from.
     pub fn pod_cidr(&self) -> &str {
         &self.pod_cidr
