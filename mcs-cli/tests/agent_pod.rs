@@ -12,56 +12,17 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Service;
-use kube::api::{Api, PostParams};
-use mcs_core::api::{
-    ServiceExportSpec,
-    v1beta1::{ServiceExport, ServiceImport},
-};
+use kube::api::Api;
+use mcs_core::api::v1beta1::ServiceImport;
 use support::netlab::Lab;
 
 const RELEASE: &str = "mcs";
 const RELEASE_NS: &str = "mcs-system";
 const NS: &str = "loyalty";
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn run(cmd: &mut Command, what: &str) -> String {
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("{what}: {e}"));
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// The image `mcs:test` from the binaries cargo built for this test, as a docker-archive.
-fn image_archive(out: &Path) -> PathBuf {
-    let bin_dir = Path::new(env!("CARGO_BIN_EXE_mcs-agent")).parent().unwrap();
-    run(
-        Command::new(repo().join("scripts/image.sh"))
-            .arg("--bin-dir")
-            .arg(bin_dir)
-            .arg("--out")
-            .arg(out)
-            .arg("--tag")
-            .arg("test"),
-        "scripts/image.sh",
-    );
-    out.join("mcs-image-test.tar")
-}
 
 /// Helm 4, built by `scripts/helm-bins.sh` (`scripts/test.sh` exports it).
 fn helm4() -> PathBuf {
@@ -78,24 +39,18 @@ fn helm4() -> PathBuf {
 
 #[test]
 fn the_chart_runs_the_agent_and_the_dns_server_as_pods_on_a_real_node() {
-    let mut lab = Lab::enter();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    rt.block_on(installed(&mut lab));
-    drop(rt);
-    drop(lab);
+    support::netlab::with_lab(|lab| Box::pin(installed(lab)));
 }
 
 async fn installed(lab: &mut Lab) {
     let scratch = tempfile::tempdir().unwrap();
     let archive = {
         let out = scratch.path().join("image");
-        tokio::task::spawn_blocking(move || image_archive(&out))
+        let bin_dir = Path::new(env!("CARGO_BIN_EXE_mcs-agent")).parent().unwrap();
+        tokio::task::spawn_blocking(move || support::build_mcs_image(bin_dir, &out, "test"))
             .await
             .unwrap()
+            .archive
     };
     let cluster = support::start_cluster(
         "east",
@@ -111,14 +66,14 @@ async fn installed(lab: &mut Lab) {
 
     // helm install, as a user would, with the image already on the node.
     let helm_home = scratch.path().join("helm");
-    run(
+    support::run_command(
         Command::new(helm4())
             .env("HELM_CACHE_HOME", helm_home.join("cache"))
             .env("HELM_CONFIG_HOME", helm_home.join("config"))
             .env("HELM_DATA_HOME", helm_home.join("data"))
             .arg("install")
             .arg(RELEASE)
-            .arg(repo().join("charts/mcs"))
+            .arg(support::workspace_root().join("charts/mcs"))
             .args(["--namespace", RELEASE_NS, "--create-namespace"])
             .arg("--kubeconfig")
             .arg(cluster.kubeconfig_path())
@@ -171,16 +126,7 @@ async fn installed(lab: &mut Lab) {
         &[("grpc", 9443, "TCP")],
         false,
     );
-    Api::<Service>::namespaced(client.clone(), NS)
-        .create(&PostParams::default(), &service)
-        .await
-        .expect("create the Service");
-    let mut export = ServiceExport::new("loyalty-accrual", ServiceExportSpec::default());
-    export.metadata.namespace = Some(NS.into());
-    Api::<ServiceExport>::namespaced(client.clone(), NS)
-        .create(&PostParams::default(), &export)
-        .await
-        .expect("create the ServiceExport");
+    support::create_exported_service(&client, NS, &service).await;
     let imports: Api<ServiceImport> = Api::namespaced(client.clone(), NS);
     let imported = kube::runtime::wait::await_condition(
         imports.clone(),

@@ -14,13 +14,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Service;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use kube::runtime::wait::await_condition;
-use mcs_core::api::{
-    ServiceExportSpec,
-    v1beta1::{ServiceExport, ServiceImport},
-};
+use mcs_core::api::v1beta1::ServiceImport;
 use serde_json::{Value, json};
 
 const NS: &str = "loyalty";
@@ -29,22 +25,11 @@ const API_HOST: &str = "kubernetes.default.svc";
 const BUDGET: Duration = Duration::from_secs(60);
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    support::workspace_root()
 }
 
 fn run(cmd: &mut Command, what: &str) -> String {
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("{what}: {e}"));
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    support::run_command(cmd, what)
 }
 
 /// The image, built once for the tests of this binary: its directory, layout and tag.
@@ -62,18 +47,8 @@ fn image() -> &'static (tempfile::TempDir, PathBuf, String) {
 /// layout directory and the tag.
 fn build_image(out: &Path) -> (PathBuf, String) {
     let bin_dir = Path::new(env!("CARGO_BIN_EXE_mcs-agent")).parent().unwrap();
-    let printed = run(
-        Command::new(repo().join("scripts/image.sh"))
-            .arg("--bin-dir")
-            .arg(bin_dir)
-            .arg("--out")
-            .arg(out)
-            .arg("--tag")
-            .arg("test"),
-        "scripts/image.sh",
-    );
-    assert!(printed.contains("image: mcs:test"), "{printed}");
-    (out.join("oci"), "test".to_owned())
+    let image = support::build_mcs_image(bin_dir, out, "test");
+    (image.layout, image.tag)
 }
 
 fn blob(layout: &Path, digest: &str) -> PathBuf {
@@ -375,16 +350,7 @@ async fn agent_in_the_image_reaches_an_api_server_named_by_host() {
         &[("grpc", 9443, "TCP")],
         false,
     );
-    Api::<Service>::namespaced(client.clone(), NS)
-        .create(&PostParams::default(), &service)
-        .await
-        .expect("create the Service");
-    let mut export = ServiceExport::new("loyalty-accrual", ServiceExportSpec::default());
-    export.metadata.namespace = Some(NS.into());
-    Api::<ServiceExport>::namespaced(client.clone(), NS)
-        .create(&PostParams::default(), &export)
-        .await
-        .expect("create the ServiceExport");
+    support::create_exported_service(&client, NS, &service).await;
     let imports: Api<ServiceImport> = Api::namespaced(client.clone(), NS);
     let imported = tokio::time::timeout(
         BUDGET,

@@ -45,15 +45,7 @@ const NORTH: usize = 2;
 
 #[test]
 fn dataplane() {
-    let mut lab = Lab::enter();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    rt.block_on(run(&mut lab));
-    drop(rt);
-    drop(lab);
+    netlab::with_lab(|lab| Box::pin(run(lab)));
 }
 
 /// Everything the cases share.

@@ -16,15 +16,7 @@ use support::node::BUSYBOX_IMAGE;
 
 #[test]
 fn a_kubelet_node_runs_a_pod_from_a_local_image_and_leaves_nothing_behind() {
-    let mut lab = Lab::enter();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    let left = rt.block_on(run(&mut lab));
-    drop(rt);
-    drop(lab);
+    let left = netlab::with_lab(|lab| Box::pin(run(lab)));
     left.assert_gone();
 }
 

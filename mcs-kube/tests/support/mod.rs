@@ -29,7 +29,8 @@
 //!   [`node`]: real nodes there, containerd and kubelet running Pods from local images;
 //! - [`wait`]: polling with a deadline ([`wait_for`]); [`requests`]: what one client asked
 //!   ([`recorded`]); [`http`]: plain HTTP through hyper; [`dns`]: DNS clients for tests;
-//! - [`coredns`]: CoreDNS started with a Corefile the test writes ([`CoreDns`]).
+//! - [`coredns`]: CoreDNS started with a Corefile the test writes ([`CoreDns`]);
+//! - [`image`]: the project's image from a test build's binaries ([`build_mcs_image`]).
 //!
 //! Users include this file by path (`#[path = ".../support/mod.rs"] mod support;`) and
 //! use everything as `support::...`.
@@ -40,6 +41,7 @@ pub mod cluster;
 pub mod coredns;
 pub mod dns;
 pub mod http;
+pub mod image;
 mod kubeconfig;
 pub mod kwok;
 pub mod manifests;
@@ -56,6 +58,6 @@ pub mod wait;
 pub use self::kubeconfig::write as write_kubeconfig;
 #[allow(unused_imports)]
 pub use self::{
-    bins::*, cluster::*, coredns::*, dns::*, http::*, kwok::*, manifests::*, objects::*,
+    bins::*, cluster::*, coredns::*, dns::*, http::*, image::*, kwok::*, manifests::*, objects::*,
     requests::*, wait::*,
 };

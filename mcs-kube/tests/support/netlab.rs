@@ -198,6 +198,31 @@ pub struct LabPod {
     veth: String,
 }
 
+/// Runs a test in a [`Lab`]: enters it on the calling thread (the test's own), builds the
+/// runtime there, runs the future `test` makes with the lab, and drops the runtime, then
+/// the lab (what the lab removes must outlive what ran in it).
+///
+/// ```ignore
+/// #[test]
+/// fn packets() {
+///     netlab::with_lab(|lab| Box::pin(run(lab)));
+/// }
+/// ```
+pub fn with_lab<T>(
+    test: impl for<'a> FnOnce(&'a mut Lab) -> std::pin::Pin<Box<dyn Future<Output = T> + 'a>>,
+) -> T {
+    let mut lab = Lab::enter();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime for the lab");
+    let out = rt.block_on(test(&mut lab));
+    drop(rt);
+    drop(lab);
+    out
+}
+
 /// The lab (see the module docs). Drop it after the runtime that used it.
 pub struct Lab {
     prefix: String,

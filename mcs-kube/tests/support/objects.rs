@@ -180,6 +180,26 @@ pub async fn delete_namespace(client: &Client, ns: &str, timeout: Duration) {
     .await;
 }
 
+/// Creates `service` in `ns` and a ServiceExport of the same name beside it.
+pub async fn create_exported_service(
+    client: &Client,
+    ns: &str,
+    service: &k8s_openapi::api::core::v1::Service,
+) {
+    use mcs_core::api::{ServiceExportSpec, v1beta1::ServiceExport};
+    let name = service.metadata.name.clone().expect("a named Service");
+    Api::<k8s_openapi::api::core::v1::Service>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), service)
+        .await
+        .unwrap_or_else(|e| panic!("create Service {ns}/{name}: {e}"));
+    let mut export = ServiceExport::new(&name, ServiceExportSpec::default());
+    export.metadata.namespace = Some(ns.into());
+    Api::<ServiceExport>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &export)
+        .await
+        .unwrap_or_else(|e| panic!("create ServiceExport {ns}/{name}: {e}"));
+}
+
 /// A token for ServiceAccount `ns/name` through the TokenRequest API (the ServiceAccount is
 /// created if missing; valid for an hour). Use it with [`TestCluster::client_with_token`].
 pub async fn service_account_token(client: &Client, ns: &str, name: &str) -> String {

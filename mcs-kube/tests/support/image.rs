@@ -1,0 +1,67 @@
+//! The project's container image for tests: `scripts/image.sh` run on the binaries of the
+//! test build, and the commands tests run around it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// The workspace's root (the folder holding `Cargo.lock`), from the crate being tested.
+pub fn workspace_root() -> PathBuf {
+    let mut dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    while !dir.join("Cargo.lock").is_file() {
+        assert!(
+            dir.pop(),
+            "no Cargo.lock above {}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+    }
+    dir
+}
+
+/// Runs `cmd` with no input; its standard output, or a panic with both outputs when it
+/// fails.
+pub fn run_command(cmd: &mut Command, what: &str) -> String {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The image `mcs:<tag>` that `scripts/image.sh` made.
+#[derive(Clone, Debug)]
+pub struct McsImage {
+    /// Its OCI image layout (tag `tag`).
+    pub layout: PathBuf,
+    /// The same image as a docker-archive named `mcs:<tag>`, for `ctr images import`.
+    pub archive: PathBuf,
+    /// Its tag.
+    pub tag: String,
+}
+
+/// Builds the image `mcs:<tag>` from the binaries in `bin_dir` (a test build's, for
+/// example the folder of `CARGO_BIN_EXE_mcs-agent`) into `out`.
+pub fn build_mcs_image(bin_dir: &Path, out: &Path, tag: &str) -> McsImage {
+    let printed = run_command(
+        Command::new(workspace_root().join("scripts/image.sh"))
+            .arg("--bin-dir")
+            .arg(bin_dir)
+            .arg("--out")
+            .arg(out)
+            .arg("--tag")
+            .arg(tag),
+        "scripts/image.sh",
+    );
+    assert!(printed.contains(&format!("image: mcs:{tag}")), "{printed}");
+    McsImage {
+        layout: out.join("oci"),
+        archive: out.join(format!("mcs-image-{tag}.tar")),
+        tag: tag.to_owned(),
+    }
+}
