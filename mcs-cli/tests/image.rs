@@ -364,11 +364,22 @@ async fn agent_in_the_image_reaches_an_api_server_named_by_host() {
         "no ServiceImport from the agent in the image within {BUDGET:?}:\n{}",
         agent.log()
     );
-    // It got there through the host name, as its own readiness says.
-    let (status, _) = support::http_get(&format!("http://127.0.0.1:{admin}/readyz"))
-        .await
-        .unwrap_or_else(|e| panic!("readyz: {e}\n{}", agent.log()));
-    assert_eq!(status, 200, "{}", agent.log());
+    // It got there through the host name, as its own readiness says once its first
+    // reconcile is over (the import above may be written during it).
+    let readyz = format!("http://127.0.0.1:{admin}/readyz");
+    let deadline = tokio::time::Instant::now() + BUDGET;
+    loop {
+        let answer = support::http_get(&readyz).await;
+        if answer.as_ref().is_ok_and(|(status, _)| *status == 200) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the agent in the image not ready within {BUDGET:?} (last /readyz: {answer:?}):\n{}",
+            agent.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     drop(agent);
 }
 
