@@ -16,6 +16,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::api::Api;
 use mcs_core::api::v1beta1::ServiceImport;
 use support::netlab::Lab;
@@ -23,6 +24,8 @@ use support::netlab::Lab;
 const RELEASE: &str = "mcs";
 const RELEASE_NS: &str = "mcs-system";
 const NS: &str = "loyalty";
+/// The chart's CoreDNS server block ConfigMap (`coredns.snippetConfigMap`), in kube-system.
+const COREDNS_SNIPPET: &str = "mcs-coredns";
 
 /// Helm 4, built by `scripts/helm-bins.sh` (`scripts/test.sh` exports it).
 fn helm4() -> PathBuf {
@@ -64,35 +67,46 @@ async fn installed(lab: &mut Lab) {
     let node = lab.add_kubelet(0, &cluster).await;
     node.import_image(&archive);
 
-    // helm install, as a user would, with the image already on the node.
-    let helm_home = scratch.path().join("helm");
-    support::run_command(
-        Command::new(helm4())
-            .env("HELM_CACHE_HOME", helm_home.join("cache"))
-            .env("HELM_CONFIG_HOME", helm_home.join("config"))
-            .env("HELM_DATA_HOME", helm_home.join("data"))
-            .arg("install")
-            .arg(RELEASE)
-            .arg(support::workspace_root().join("charts/mcs"))
-            .args(["--namespace", RELEASE_NS, "--create-namespace"])
-            .arg("--kubeconfig")
-            .arg(cluster.kubeconfig_path())
-            .args([
-                "--set",
-                "clusterId=east",
-                "--set",
-                "image.tag=test",
-                "--set",
-                "image.pullPolicy=Never",
-                "--set",
-                "dns.replicas=1",
-                // The scheduler's other Node is kwok's, which runs no container.
-                "--set",
-                "agent.nodeSelector.kubernetes\\.io/hostname=east-kubelet",
-                "--set",
-                "dns.nodeSelector.kubernetes\\.io/hostname=east-kubelet",
-                "--wait=hookOnly",
-            ]),
+    // helm install, as a user would, with the image already on the node. The chart's CoreDNS
+    // snippet is asked for, and rendered only by the upgrade below: the first install cannot
+    // know the DNS Service's ClusterIP.
+    let helm = |args: &[&str], what: &str| {
+        let home = scratch.path().join("helm");
+        support::run_command(
+            Command::new(helm4())
+                .env("HELM_CACHE_HOME", home.join("cache"))
+                .env("HELM_CONFIG_HOME", home.join("config"))
+                .env("HELM_DATA_HOME", home.join("data"))
+                .args(args)
+                .arg(RELEASE)
+                .arg(support::workspace_root().join("charts/mcs"))
+                .args(["--namespace", RELEASE_NS])
+                .arg("--kubeconfig")
+                .arg(cluster.kubeconfig_path()),
+            what,
+        )
+    };
+    helm(
+        &[
+            "install",
+            "--create-namespace",
+            "--set",
+            "clusterId=east",
+            "--set",
+            "image.tag=test",
+            "--set",
+            "image.pullPolicy=Never",
+            "--set",
+            "dns.replicas=1",
+            "--set",
+            "coredns.snippetConfigMap.enabled=true",
+            // The scheduler's other Node is kwok's, which runs no container.
+            "--set",
+            "agent.nodeSelector.kubernetes\\.io/hostname=east-kubelet",
+            "--set",
+            "dns.nodeSelector.kubernetes\\.io/hostname=east-kubelet",
+            "--wait=hookOnly",
+        ],
         "helm install",
     );
 
@@ -148,6 +162,76 @@ async fn installed(lab: &mut Lab) {
         [10, 0, 0],
         "the ClusterSetIP {ip} comes from east's service CIDR {}",
         support::SERVICE_CIDR
+    );
+
+    // The cluster's DNS: the upgrade renders the chart's server block for CoreDNS (the DNS
+    // Service's ClusterIP found by lookup), CoreDNS imports it, and a Pod resolves the
+    // ClusterSet name through its resolv.conf, as any workload would.
+    helm(&["upgrade", "--reuse-values"], "helm upgrade");
+    let services: Api<Service> = Api::namespaced(client.clone(), RELEASE_NS);
+    let dns_ip = services
+        .get("mcs-dns")
+        .await
+        .unwrap()
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .expect("the DNS Service's ClusterIP");
+    let snippets: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
+    let snippet = snippets
+        .get_opt(COREDNS_SNIPPET)
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("helm upgrade made no ConfigMap kube-system/{COREDNS_SNIPPET}"))
+        .data
+        .unwrap_or_default()
+        .remove("mcs.server")
+        .unwrap_or_default();
+    assert!(
+        snippet.contains(&format!("forward . {dns_ip}")),
+        "the snippet forwards clusterset.local to the DNS Service {dns_ip}:\n{snippet}"
+    );
+    let coredns = support::cluster_dns::deploy(&client, lab.kubelet(0), COREDNS_SNIPPET).await;
+    // Both Services routed by the node's kube-proxy before a Pod asks.
+    let mcs_dns = support::cluster_dns::pod_ips(
+        &client,
+        RELEASE_NS,
+        "app.kubernetes.io/component=dns,app.kubernetes.io/instance=mcs",
+    )
+    .await;
+    for (vip, pods) in [
+        (support::node::CLUSTER_DNS.to_owned(), [coredns].into()),
+        (dns_ip.clone(), mcs_dns),
+    ] {
+        lab.wait_kube_proxy_endpoints(0, format!("{vip}:53").parse().unwrap(), &pods)
+            .await;
+    }
+    let (ok, out) = support::cluster_dns::run_to_completion(
+        &client,
+        lab.kubelet(0),
+        NS,
+        "resolve",
+        "nslookup -type=a loyalty-accrual.loyalty.svc.clusterset.local \
+         && nslookup -type=a kubernetes.default.svc.cluster.local",
+    )
+    .await;
+    let answered = |name: &str, ip: &str| {
+        out.split(&format!("Name:\t{name}"))
+            .nth(1)
+            .and_then(|rest| rest.lines().nth(1))
+            .is_some_and(|l| l.trim_end().ends_with(&format!("Address: {ip}")))
+    };
+    assert!(
+        ok && answered(
+            "loyalty-accrual.loyalty.svc.clusterset.local",
+            &ip.to_string()
+        ) && answered("kubernetes.default.svc.cluster.local", "10.0.0.1"),
+        "a Pod resolves the ClusterSet name to {ip} (and cluster.local names) through the \
+         cluster's CoreDNS: {}:\n{out}\nCoreDNS:\n{}\nmcs-dns:\n{}",
+        if ok { "exit 0" } else { "failed" },
+        lab.kubelet(0)
+            .container_logs("kube-system", "coredns-", "coredns", 20),
+        lab.kubelet(0)
+            .container_logs(RELEASE_NS, "mcs-dns-", "dns", 20)
     );
 }
 

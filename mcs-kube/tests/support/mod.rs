@@ -27,6 +27,7 @@
 //! - [`manifests`]: `deploy/` manifests read and applied as shipped;
 //! - [`netlab`]: nodes and pods as network namespaces with kube-proxy (dataplane tests);
 //!   [`node`]: real nodes there, containerd and kubelet running Pods from local images;
+//!   [`cluster_dns`]: CoreDNS as a real node's cluster DNS, and one-shot Pods;
 //! - [`wait`]: polling with a deadline ([`wait_for`]); [`requests`]: what one client asked
 //!   ([`recorded`]); [`http`]: plain HTTP through hyper; [`dns`]: DNS clients for tests;
 //! - [`coredns`]: CoreDNS started with a Corefile the test writes ([`CoreDns`]);
@@ -38,6 +39,7 @@
 
 mod bins;
 pub mod cluster;
+pub mod cluster_dns;
 pub mod coredns;
 pub mod dns;
 pub mod http;

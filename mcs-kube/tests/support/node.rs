@@ -42,6 +42,13 @@ pub const PAUSE_IMAGE: &str = "localhost/mcs-pause:1";
 /// A static busybox (`/bin/busybox`, with links for its applets in `/bin`): for test Pods.
 pub const BUSYBOX_IMAGE: &str = "localhost/mcs-busybox:1";
 
+/// kubelet's `clusterDNS`: the nameserver of Pods with `dnsPolicy: ClusterFirst` (the
+/// default), searching `<namespace>.svc.cluster.local`, `svc.cluster.local` and
+/// `cluster.local`. An address of [`SERVICE_CIDR`](super::SERVICE_CIDR) that nothing
+/// allocates: [`super::cluster_dns::deploy`] gives CoreDNS's Service this ClusterIP, as a
+/// cluster's installer does.
+pub const CLUSTER_DNS: &str = "10.0.0.10";
+
 /// Where the CNI plugins are (Debian's `containernetworking-plugins`).
 const CNI_BIN: &str = "/usr/lib/cni";
 
@@ -850,6 +857,8 @@ authorization:
 resolvConf: {r}/resolv.conf
 podLogsDir: {r}/pods
 clusterDomain: cluster.local
+clusterDNS:
+- {dns}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 imageMinimumGCAge: 1000h
@@ -868,6 +877,7 @@ localStorageCapacityIsolation: false
 "#,
         s = socket.display(),
         ip = net.node_ip,
+        dns = CLUSTER_DNS,
     )
 }
 
@@ -941,8 +951,14 @@ fn build_pause(dir: &Path) -> PathBuf {
 }
 
 /// An image `localhost/<name>:1` holding `files` (source, path in the image) and the
-/// entrypoint `entrypoint`, as a docker-archive (umoci makes it, skopeo converts it).
-fn pack_image(dir: &Path, name: &str, files: &[(PathBuf, &str)], entrypoint: &[&str]) -> PathBuf {
+/// entrypoint `entrypoint`, as a docker-archive (umoci makes it, skopeo converts it), for
+/// [`KubeletNode::import_image`].
+pub fn pack_image(
+    dir: &Path,
+    name: &str,
+    files: &[(PathBuf, &str)],
+    entrypoint: &[&str],
+) -> PathBuf {
     let umoci = need("umoci", "umoci");
     let skopeo = need("skopeo", "skopeo");
     let layout = dir.join(format!("{name}-oci"));
