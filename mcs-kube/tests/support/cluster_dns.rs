@@ -254,6 +254,6 @@ pub async fn run_to_completion(
     };
     (
         phase == "Succeeded",
-        node.container_logs(ns, &format!("{name}_"), "run", 200),
+        node.container_logs(ns, &format!("{name}_"), "run", 5000),
     )
 }

@@ -77,6 +77,9 @@ impl Pki {
             "127.0.0.1".to_string(),
             "localhost".into(),
             "10.0.0.1".into(),
+            // The lab's address, where Pods on real nodes reach every cluster's API server
+            // (their own through the `kubernetes` Service, their peers' directly).
+            super::netlab::LAB_DUMMY.to_string(),
             "kubernetes".into(),
             "kubernetes.default".into(),
             "kubernetes.default.svc".into(),

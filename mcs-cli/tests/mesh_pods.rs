@@ -1,0 +1,362 @@
+//! Three clusters mesh through mcs running as Pods: east, west and north, each with a real
+//! node (kubelet and containerd, `support/node.rs`) in the dataplane lab, get `charts/mcs`
+//! installed with Helm 4 in mesh mode, each agent reading the other two members with the
+//! kubeconfig of a Secret (identity `mcs-peer`, bound to the chart's peer-reader
+//! ClusterRole there) and the API servers' lab address. `loyalty-accrual` runs as busybox
+//! `httpd` Pods in east and west behind an exported Service; north, which runs none, gets a
+//! ServiceImport with a ClusterSetIP from its own service CIDR and EndpointSlices from both
+//! sources, and a Pod in north resolves `loyalty-accrual.loyalty.svc.clusterset.local`
+//! through north's CoreDNS and the chart's DNS server, then is answered by Pods of both
+//! clusters at that address, through north's kube-proxy and the lab's routes between nodes.
+//!
+//! Needs root and what `scripts/test.sh` installs (kubelet, containerd, helm, umoci,
+//! skopeo).
+
+#[path = "../../mcs-kube/tests/support/mod.rs"]
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, ListParams, PostParams};
+use mcs_core::api::v1beta1::ServiceImport;
+use support::netlab::{LAB_DUMMY, Lab};
+use support::node::BUSYBOX_IMAGE;
+
+const CLUSTERS: [&str; 3] = ["east", "west", "north"];
+const RELEASE: &str = "mcs";
+const RELEASE_NS: &str = "mcs-system";
+const NS: &str = "loyalty";
+const SERVICE: &str = "loyalty-accrual";
+/// The identity every member's agent reads its peers with.
+const PEER_USER: &str = "mcs-peer";
+/// The fixed ClusterIP of north's DNS Service, so that the chart renders its CoreDNS server
+/// block at install.
+const NORTH_DNS_IP: &str = "10.0.0.53";
+/// Calls the checkout Pod makes (kube-proxy picks a backend at random for each: all four
+/// backends of two clusters, so one cluster missing by chance has odds of 2 in 2^30).
+const CALLS: usize = 30;
+/// Backends per serving cluster.
+const REPLICAS: usize = 2;
+
+/// Helm 4, built by `scripts/helm-bins.sh` (`scripts/test.sh` exports it).
+fn helm4() -> PathBuf {
+    let path = std::env::var_os("MCS_HELM4").map(PathBuf::from).unwrap_or_else(|| {
+        panic!("MCS_HELM4 is not set: run scripts/test.sh, or export MCS_HELM4=$(scripts/helm-bins.sh | tail -n 1)")
+    });
+    assert!(
+        path.is_file(),
+        "MCS_HELM4={} does not exist",
+        path.display()
+    );
+    path
+}
+
+#[test]
+fn three_clusters_mesh_through_the_charts_agent_pods() {
+    support::netlab::with_lab(|lab| Box::pin(mesh(lab)));
+}
+
+async fn mesh(lab: &mut Lab) {
+    let scratch = tempfile::tempdir().unwrap();
+    let archive = {
+        let out = scratch.path().join("image");
+        let bin_dir = Path::new(env!("CARGO_BIN_EXE_mcs-agent")).parent().unwrap();
+        tokio::task::spawn_blocking(move || support::build_mcs_image(bin_dir, &out, "test"))
+            .await
+            .unwrap()
+            .archive
+    };
+    let clusters = support::start_clusters_with(
+        &CLUSTERS,
+        support::ClusterOptions {
+            kubelet_nodes: true,
+            ..support::ClusterOptions::default().with_pods()
+        },
+    )
+    .await;
+    let mut clients = Vec::new();
+    for (i, cluster) in clusters.iter().enumerate() {
+        assert_eq!(lab.add_node(cluster), i);
+        lab.add_kubelet(i, cluster).await.import_image(&archive);
+        clients.push(cluster.client().await);
+    }
+
+    // Each member: the peers' kubeconfigs as Secrets, then helm install in mesh mode.
+    for (i, cluster) in clusters.iter().enumerate() {
+        let name = CLUSTERS[i];
+        let client = &clients[i];
+        support::create_namespace(client, RELEASE_NS).await;
+        let mut peers = Vec::new();
+        for (j, peer) in clusters.iter().enumerate().filter(|(j, _)| *j != i) {
+            let secret = format!("mcs-peer-{}", CLUSTERS[j]);
+            let mut kubeconfig = peer.kubeconfig_as_user(PEER_USER, &[]);
+            // From a Pod, a peer's API server is at the lab's address (its certificate names
+            // it), on the port it listens on.
+            let port = peer.server_url().rsplit(':').next().unwrap().to_owned();
+            for named in &mut kubeconfig.clusters {
+                if let Some(c) = named.cluster.as_mut() {
+                    c.server = Some(format!("https://{LAB_DUMMY}:{port}"));
+                }
+            }
+            let file = scratch.path().join(format!("{secret}-of-{name}"));
+            support::write_kubeconfig(&file, &kubeconfig);
+            let data = std::fs::read_to_string(&file).unwrap();
+            let secret_obj: Secret = serde_json::from_value(serde_json::json!({
+                "metadata": { "name": secret },
+                "stringData": { "kubeconfig": data },
+            }))
+            .unwrap();
+            Api::<Secret>::namespaced(client.clone(), RELEASE_NS)
+                .create(&PostParams::default(), &secret_obj)
+                .await
+                .unwrap();
+            peers.push(serde_json::json!({ "name": CLUSTERS[j], "secretName": secret }));
+        }
+        let node = format!("{name}-kubelet");
+        let mut values = serde_json::json!({
+            "clusterId": name,
+            "image": { "tag": "test", "pullPolicy": "Never" },
+            "agent": {
+                "mesh": { "peers": peers },
+                // The scheduler's other Node is kwok's, which runs no container.
+                "nodeSelector": { "kubernetes.io/hostname": node },
+            },
+            "peerReader": { "subjects": [{ "kind": "User", "name": PEER_USER }] },
+            "dns": { "replicas": 1, "nodeSelector": { "kubernetes.io/hostname": node } },
+        });
+        if name == "north" {
+            values["dns"]["service"] = serde_json::json!({ "clusterIP": NORTH_DNS_IP });
+            values["coredns"] = serde_json::json!({ "snippetConfigMap": { "enabled": true } });
+        }
+        let values_file = scratch.path().join(format!("values-{name}.json"));
+        std::fs::write(&values_file, values.to_string()).unwrap();
+        let home = scratch.path().join("helm");
+        support::run_command(
+            Command::new(helm4())
+                .env("HELM_CACHE_HOME", home.join("cache"))
+                .env("HELM_CONFIG_HOME", home.join("config"))
+                .env("HELM_DATA_HOME", home.join("data"))
+                .arg("install")
+                .arg(RELEASE)
+                .arg(support::workspace_root().join("charts/mcs"))
+                .args(["--namespace", RELEASE_NS, "--values"])
+                .arg(&values_file)
+                .arg("--kubeconfig")
+                .arg(cluster.kubeconfig_path())
+                .arg("--wait=hookOnly"),
+            &format!("helm install in {name}"),
+        );
+    }
+    for (i, client) in clients.iter().enumerate() {
+        for deployment in ["mcs-agent", "mcs-dns"] {
+            available(client, RELEASE_NS, deployment, 1, || {
+                lab.kubelet(i)
+                    .container_logs(RELEASE_NS, "mcs-agent-", "agent", 20)
+            })
+            .await;
+        }
+    }
+
+    // loyalty-accrual in east and west: busybox httpd answering with its cluster and name.
+    let mut backends = BTreeMap::new();
+    for (i, client) in clients.iter().enumerate() {
+        support::create_namespace(client, NS).await;
+        let name = CLUSTERS[i];
+        if name == "north" {
+            continue;
+        }
+        let deployment: Deployment = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": SERVICE },
+            "spec": {
+                "replicas": REPLICAS,
+                "selector": { "matchLabels": { "app": SERVICE } },
+                "template": {
+                    "metadata": { "labels": { "app": SERVICE } },
+                    "spec": {
+                        "nodeSelector": { "kubernetes.io/hostname": format!("{name}-kubelet") },
+                        "terminationGracePeriodSeconds": 1,
+                        "containers": [{
+                            "name": "httpd",
+                            "image": BUSYBOX_IMAGE,
+                            "imagePullPolicy": "Never",
+                            "command": ["/bin/sh", "-c",
+                                format!("echo \"answer-from {name} $POD_NAME\" > /index.html && exec httpd -f -p 8080 -h /")],
+                            "env": [{ "name": "POD_NAME",
+                                      "valueFrom": { "fieldRef": { "fieldPath": "metadata.name" } } }],
+                            "ports": [{ "containerPort": 8080 }],
+                            "readinessProbe": {
+                                "httpGet": { "path": "/index.html", "port": 8080 },
+                                "periodSeconds": 1,
+                            },
+                        }],
+                    },
+                },
+            },
+        }))
+        .unwrap();
+        Api::<Deployment>::namespaced(client.clone(), NS)
+            .create(&PostParams::default(), &deployment)
+            .await
+            .unwrap();
+        let service = support::service(SERVICE, SERVICE, &[("http", 8080, "TCP")], false);
+        support::create_exported_service(client, NS, &service).await;
+        available(client, NS, SERVICE, REPLICAS as i32, || {
+            lab.kubelet(i).log_tail("kubelet", 20)
+        })
+        .await;
+        let ips = support::cluster_dns::pod_ips(client, NS, &format!("app={SERVICE}")).await;
+        assert_eq!(ips.len(), REPLICAS, "{name}'s backends: {ips:?}");
+        backends.insert(name, ips);
+    }
+
+    // north imports it: a ClusterSetIP from north's service CIDR, slices from both sources.
+    let north = &clients[2];
+    let imports: Api<ServiceImport> = Api::namespaced(north.clone(), NS);
+    let imported =
+        kube::runtime::wait::await_condition(imports, SERVICE, |si: Option<&ServiceImport>| {
+            si.is_some_and(|si| si.spec.ips.is_some())
+        });
+    let si = match tokio::time::timeout(Duration::from_secs(120), imported).await {
+        Ok(Ok(Some(si))) => si,
+        other => panic!(
+            "north has no ServiceImport with a ClusterSetIP ({other:?}); north's agent:\n{}",
+            lab.kubelet(2)
+                .container_logs(RELEASE_NS, "mcs-agent-", "agent", 30)
+        ),
+    };
+    let ip: std::net::Ipv4Addr = si.spec.ips.unwrap()[0].parse().unwrap();
+    assert_eq!(
+        ip.octets()[..3],
+        [10, 0, 0],
+        "the ClusterSetIP {ip} comes from north's service CIDR {}",
+        support::SERVICE_CIDR
+    );
+    // north's kube-proxy routes it to every backend: the agent wrote the endpoints of both
+    // clusters into north.
+    let all: BTreeSet<String> = backends.values().flatten().cloned().collect();
+    lab.wait_kube_proxy_endpoints(2, (ip, 8080).into(), &all)
+        .await;
+    let slices = Api::<EndpointSlice>::namespaced(north.clone(), NS)
+        .list(&ListParams::default().labels(&format!(
+            "multicluster.kubernetes.io/service-name={SERVICE}"
+        )))
+        .await
+        .unwrap()
+        .items;
+    let mut by_source: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for slice in &slices {
+        let source = slice
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("multicluster.kubernetes.io/source-cluster"))
+            .cloned()
+            .unwrap_or_else(|| panic!("slice {:?} without a source-cluster", slice.metadata.name));
+        by_source
+            .entry(source)
+            .or_default()
+            .extend(slice.endpoints.iter().flat_map(|e| e.addresses.clone()));
+    }
+    let expected: BTreeMap<String, BTreeSet<String>> = backends
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect();
+    assert_eq!(
+        by_source, expected,
+        "north's EndpointSlices by source cluster"
+    );
+
+    // A Pod in north resolves the name the normal way and is answered from both clusters.
+    support::cluster_dns::deploy(north, lab.kubelet(2), "mcs-coredns").await;
+    let coredns = support::cluster_dns::pod_ips(north, "kube-system", "k8s-app=kube-dns").await;
+    lab.wait_kube_proxy_endpoints(
+        2,
+        format!("{}:53", support::node::CLUSTER_DNS)
+            .parse()
+            .unwrap(),
+        &coredns,
+    )
+    .await;
+    let mcs_dns = support::cluster_dns::pod_ips(
+        north,
+        RELEASE_NS,
+        "app.kubernetes.io/component=dns,app.kubernetes.io/instance=mcs",
+    )
+    .await;
+    lab.wait_kube_proxy_endpoints(2, format!("{NORTH_DNS_IP}:53").parse().unwrap(), &mcs_dns)
+        .await;
+    let name = format!("{SERVICE}.{NS}.svc.clusterset.local");
+    let (ok, out) = support::cluster_dns::run_to_completion(
+        north,
+        lab.kubelet(2),
+        NS,
+        "checkout",
+        &format!(
+            "ip=$(nslookup -type=a {name} | busybox sed -n 's/^Address: //p' | busybox tail -n 1) \
+             && echo \"resolved $ip\" \
+             && for i in $(busybox seq 1 {CALLS}); do \
+                  printf 'GET /index.html HTTP/1.0\\r\\n\\r\\n' | busybox nc -w 5 $ip 8080 || exit 1; \
+                done"
+        ),
+    )
+    .await;
+    let stdout: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.split_once(" stdout F ").map(|(_, rest)| rest))
+        .collect();
+    assert!(
+        ok && stdout.contains(&format!("resolved {ip}").as_str()),
+        "the checkout Pod resolved {name} to {ip} and every call was answered:\n{out}"
+    );
+    // Each answer is a backend's line `answer-from <cluster> <Pod>`. (busybox's own HTTP
+    // client, wget, is not used: the static busybox's wget crashes in glibc's service
+    // lookup without the NSS libraries, which the image does not have.)
+    let answers: Vec<&str> = stdout
+        .iter()
+        .filter_map(|l| l.strip_prefix("answer-from "))
+        .collect();
+    assert_eq!(
+        answers.len(),
+        CALLS,
+        "every call from north answered:\n{out}"
+    );
+    let answered_by: BTreeSet<&str> = answers
+        .iter()
+        .filter_map(|a| a.split_whitespace().next())
+        .collect();
+    assert_eq!(
+        answered_by,
+        BTreeSet::from(["east", "west"]),
+        "{CALLS} calls to {name} from north, answered by:\n{out}"
+    );
+}
+
+/// Waits until Deployment `ns/name` has `replicas` available Pods; panics with `log()`.
+async fn available(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    replicas: i32,
+    log: impl FnOnce() -> String,
+) {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let done = kube::runtime::wait::await_condition(deployments, name, |d: Option<&Deployment>| {
+        d.and_then(|d| d.status.as_ref())
+            .is_some_and(|s| s.available_replicas.unwrap_or(0) >= replicas)
+    });
+    if !matches!(
+        tokio::time::timeout(Duration::from_secs(120), done).await,
+        Ok(Ok(_))
+    ) {
+        panic!(
+            "Deployment {ns}/{name} never had {replicas} available Pod(s):\n{}",
+            log()
+        );
+    }
+}
