@@ -200,7 +200,9 @@ pub struct LabPod {
 
 /// Runs a test in a [`Lab`]: enters it on the calling thread (the test's own), builds the
 /// runtime there, runs the future `test` makes with the lab, and drops the runtime, then
-/// the lab (what the lab removes must outlive what ran in it).
+/// the lab (what the lab removes must outlive what ran in it). One lab at a time per test
+/// process (their names derive from the process id): the tests of a binary that each run in
+/// a lab take turns.
 ///
 /// ```ignore
 /// #[test]
@@ -211,6 +213,9 @@ pub struct LabPod {
 pub fn with_lab<T>(
     test: impl for<'a> FnOnce(&'a mut Lab) -> std::pin::Pin<Box<dyn Future<Output = T> + 'a>>,
 ) -> T {
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    // A test that panicked in its lab poisons the lock; its lab is gone all the same.
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let mut lab = Lab::enter();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

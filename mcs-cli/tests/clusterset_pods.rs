@@ -1,8 +1,11 @@
-//! Three clusters mesh through mcs running as Pods: east, west and north, each with a real
-//! node (kubelet and containerd, `support/node.rs`) in the dataplane lab, get `charts/mcs`
-//! installed with Helm 4 in mesh mode, each agent reading the other two members with the
-//! kubeconfig of a Secret (identity `mcs-peer`, bound to the chart's peer-reader
-//! ClusterRole there) and the API servers' lab address. `loyalty-accrual` runs as busybox
+//! A ClusterSet of three clusters through mcs running as Pods, in both topologies: east,
+//! west and north, each with a real node (kubelet and containerd, `support/node.rs`) in the
+//! dataplane lab, get `charts/mcs` installed with Helm 4. In mesh mode each agent reads the
+//! other two members with the kubeconfig of a Secret (identity `mcs-peer`, bound to the
+//! chart's peer-reader ClusterRole there); in hub mode a fourth API server, the hub, gets
+//! the chart's hub release (the MemberExport CRD, the shared roles, a namespace per member)
+//! and each agent reads and writes only the hub with its own identity (`mcs:member:<id>`).
+//! Every API server is reached at the lab's address. `loyalty-accrual` runs as busybox
 //! `httpd` Pods in east and west behind an exported Service; north, which runs none, gets a
 //! ServiceImport with a ClusterSetIP from its own service CIDR and EndpointSlices from both
 //! sources, and a Pod in north resolves `loyalty-accrual.loyalty.svc.clusterset.local`
@@ -57,12 +60,86 @@ fn helm4() -> PathBuf {
     path
 }
 
-#[test]
-fn three_clusters_mesh_through_the_charts_agent_pods() {
-    support::netlab::with_lab(|lab| Box::pin(mesh(lab)));
+/// How the members' agents find each other's exports.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Topology {
+    /// Each agent reads every peer's API server.
+    Mesh,
+    /// Each agent reads and writes only a hub API server.
+    Hub,
 }
 
-async fn mesh(lab: &mut Lab) {
+#[test]
+fn three_clusters_mesh_through_the_charts_agent_pods() {
+    support::netlab::with_lab(|lab| Box::pin(clusterset(lab, Topology::Mesh)));
+}
+
+#[test]
+fn three_members_share_a_hub_through_the_charts_agent_pods() {
+    support::netlab::with_lab(|lab| Box::pin(clusterset(lab, Topology::Hub)));
+}
+
+/// `cluster`'s kubeconfig as `user` in `groups`, with the API server at the lab's address,
+/// where Pods reach it (its certificate names that address), as a file's contents.
+fn lab_kubeconfig(
+    cluster: &support::TestCluster,
+    user: &str,
+    groups: &[&str],
+    scratch: &Path,
+) -> String {
+    let mut kubeconfig = cluster.kubeconfig_as_user(user, groups);
+    let port = cluster.server_url().rsplit(':').next().unwrap().to_owned();
+    for named in &mut kubeconfig.clusters {
+        if let Some(c) = named.cluster.as_mut() {
+            c.server = Some(format!("https://{LAB_DUMMY}:{port}"));
+        }
+    }
+    let file = tempfile::NamedTempFile::new_in(scratch).unwrap();
+    support::write_kubeconfig(file.path(), &kubeconfig);
+    std::fs::read_to_string(file.path()).unwrap()
+}
+
+/// Creates Secret `mcs-system/<name>` holding `kubeconfig` (key `kubeconfig`).
+async fn kubeconfig_secret(client: &kube::Client, name: &str, kubeconfig: String) {
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": name },
+        "stringData": { "kubeconfig": kubeconfig },
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(client.clone(), RELEASE_NS)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap_or_else(|e| panic!("create Secret {name}: {e}"));
+}
+
+/// `helm install <release> charts/mcs` into `cluster` with `values`.
+fn helm_install(
+    cluster: &support::TestCluster,
+    release: &str,
+    values: &serde_json::Value,
+    scratch: &Path,
+) {
+    let values_file = scratch.join(format!("values-{release}-{}.json", cluster.name()));
+    std::fs::write(&values_file, values.to_string()).unwrap();
+    let home = scratch.join("helm");
+    support::run_command(
+        Command::new(helm4())
+            .env("HELM_CACHE_HOME", home.join("cache"))
+            .env("HELM_CONFIG_HOME", home.join("config"))
+            .env("HELM_DATA_HOME", home.join("data"))
+            .arg("install")
+            .arg(release)
+            .arg(support::workspace_root().join("charts/mcs"))
+            .args(["--namespace", RELEASE_NS, "--create-namespace", "--values"])
+            .arg(&values_file)
+            .arg("--kubeconfig")
+            .arg(cluster.kubeconfig_path())
+            .arg("--wait=hookOnly"),
+        &format!("helm install {release} in {}", cluster.name()),
+    );
+}
+
+async fn clusterset(lab: &mut Lab, topology: Topology) {
     let scratch = tempfile::tempdir().unwrap();
     let archive = {
         let out = scratch.path().join("image");
@@ -87,71 +164,79 @@ async fn mesh(lab: &mut Lab) {
         clients.push(cluster.client().await);
     }
 
-    // Each member: the peers' kubeconfigs as Secrets, then helm install in mesh mode.
+    // The hub: an API server with no node, reached by the members' Pods at the lab's address.
+    let hub = match topology {
+        Topology::Mesh => None,
+        Topology::Hub => {
+            let hub = support::start_cluster(
+                "hub",
+                support::ClusterOptions {
+                    kubelet_nodes: true,
+                    ..support::ClusterOptions::api_only()
+                },
+            )
+            .await;
+            helm_install(
+                &hub,
+                "mcs-hub",
+                &serde_json::json!({
+                    "agent": { "enabled": false },
+                    "dns": { "enabled": false },
+                    "dashboard": { "enabled": false },
+                    "metrics": { "service": { "enabled": false } },
+                    "hub": { "installCRD": true, "rbac": { "create": true }, "members": CLUSTERS },
+                }),
+                scratch.path(),
+            );
+            Some(hub)
+        }
+    };
+
+    // Each member: the kubeconfigs its agent uses as Secrets, then helm install.
     for (i, cluster) in clusters.iter().enumerate() {
         let name = CLUSTERS[i];
         let client = &clients[i];
         support::create_namespace(client, RELEASE_NS).await;
-        let mut peers = Vec::new();
-        for (j, peer) in clusters.iter().enumerate().filter(|(j, _)| *j != i) {
-            let secret = format!("mcs-peer-{}", CLUSTERS[j]);
-            let mut kubeconfig = peer.kubeconfig_as_user(PEER_USER, &[]);
-            // From a Pod, a peer's API server is at the lab's address (its certificate names
-            // it), on the port it listens on.
-            let port = peer.server_url().rsplit(':').next().unwrap().to_owned();
-            for named in &mut kubeconfig.clusters {
-                if let Some(c) = named.cluster.as_mut() {
-                    c.server = Some(format!("https://{LAB_DUMMY}:{port}"));
-                }
-            }
-            let file = scratch.path().join(format!("{secret}-of-{name}"));
-            support::write_kubeconfig(&file, &kubeconfig);
-            let data = std::fs::read_to_string(&file).unwrap();
-            let secret_obj: Secret = serde_json::from_value(serde_json::json!({
-                "metadata": { "name": secret },
-                "stringData": { "kubeconfig": data },
-            }))
-            .unwrap();
-            Api::<Secret>::namespaced(client.clone(), RELEASE_NS)
-                .create(&PostParams::default(), &secret_obj)
-                .await
-                .unwrap();
-            peers.push(serde_json::json!({ "name": CLUSTERS[j], "secretName": secret }));
-        }
         let node = format!("{name}-kubelet");
         let mut values = serde_json::json!({
             "clusterId": name,
             "image": { "tag": "test", "pullPolicy": "Never" },
             "agent": {
-                "mesh": { "peers": peers },
                 // The scheduler's other Node is kwok's, which runs no container.
                 "nodeSelector": { "kubernetes.io/hostname": node },
             },
-            "peerReader": { "subjects": [{ "kind": "User", "name": PEER_USER }] },
             "dns": { "replicas": 1, "nodeSelector": { "kubernetes.io/hostname": node } },
         });
+        match &hub {
+            None => {
+                let mut peers = Vec::new();
+                for (j, peer) in clusters.iter().enumerate().filter(|(j, _)| *j != i) {
+                    let secret = format!("mcs-peer-{}", CLUSTERS[j]);
+                    let kubeconfig = lab_kubeconfig(peer, PEER_USER, &[], scratch.path());
+                    kubeconfig_secret(client, &secret, kubeconfig).await;
+                    peers.push(serde_json::json!({ "name": CLUSTERS[j], "secretName": secret }));
+                }
+                values["agent"]["mesh"] = serde_json::json!({ "peers": peers });
+                values["peerReader"] =
+                    serde_json::json!({ "subjects": [{ "kind": "User", "name": PEER_USER }] });
+            }
+            Some(hub) => {
+                let kubeconfig = lab_kubeconfig(
+                    hub,
+                    &format!("mcs:member:{name}"),
+                    &["mcs:members"],
+                    scratch.path(),
+                );
+                kubeconfig_secret(client, "mcs-hub", kubeconfig).await;
+                values["agent"]["mode"] = "hub".into();
+                values["agent"]["hub"] = serde_json::json!({ "secretName": "mcs-hub" });
+            }
+        }
         if name == "north" {
             values["dns"]["service"] = serde_json::json!({ "clusterIP": NORTH_DNS_IP });
             values["coredns"] = serde_json::json!({ "snippetConfigMap": { "enabled": true } });
         }
-        let values_file = scratch.path().join(format!("values-{name}.json"));
-        std::fs::write(&values_file, values.to_string()).unwrap();
-        let home = scratch.path().join("helm");
-        support::run_command(
-            Command::new(helm4())
-                .env("HELM_CACHE_HOME", home.join("cache"))
-                .env("HELM_CONFIG_HOME", home.join("config"))
-                .env("HELM_DATA_HOME", home.join("data"))
-                .arg("install")
-                .arg(RELEASE)
-                .arg(support::workspace_root().join("charts/mcs"))
-                .args(["--namespace", RELEASE_NS, "--values"])
-                .arg(&values_file)
-                .arg("--kubeconfig")
-                .arg(cluster.kubeconfig_path())
-                .arg("--wait=hookOnly"),
-            &format!("helm install in {name}"),
-        );
+        helm_install(cluster, RELEASE, &values, scratch.path());
     }
     for (i, client) in clients.iter().enumerate() {
         for deployment in ["mcs-agent", "mcs-dns"] {
