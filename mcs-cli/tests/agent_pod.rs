@@ -11,7 +11,7 @@
 #[path = "../../mcs-kube/tests/support/mod.rs"]
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -26,19 +26,6 @@ const RELEASE_NS: &str = "mcs-system";
 const NS: &str = "loyalty";
 /// The chart's CoreDNS server block ConfigMap (`coredns.snippetConfigMap`), in kube-system.
 const COREDNS_SNIPPET: &str = "mcs-coredns";
-
-/// Helm 4, built by `scripts/helm-bins.sh` (`scripts/test.sh` exports it).
-fn helm4() -> PathBuf {
-    let path = std::env::var_os("MCS_HELM4").map(PathBuf::from).unwrap_or_else(|| {
-        panic!("MCS_HELM4 is not set: run scripts/test.sh, or export MCS_HELM4=$(scripts/helm-bins.sh | tail -n 1)")
-    });
-    assert!(
-        path.is_file(),
-        "MCS_HELM4={} does not exist",
-        path.display()
-    );
-    path
-}
 
 #[test]
 fn the_chart_runs_the_agent_and_the_dns_server_as_pods_on_a_real_node() {
@@ -73,7 +60,7 @@ async fn installed(lab: &mut Lab) {
     let helm = |args: &[&str], what: &str| {
         let home = scratch.path().join("helm");
         support::run_command(
-            Command::new(helm4())
+            Command::new(support::helm4())
                 .env("HELM_CACHE_HOME", home.join("cache"))
                 .env("HELM_CONFIG_HOME", home.join("config"))
                 .env("HELM_DATA_HOME", home.join("data"))

@@ -19,7 +19,7 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -46,19 +46,6 @@ const NORTH_DNS_IP: &str = "10.0.0.53";
 const CALLS: usize = 30;
 /// Backends per serving cluster.
 const REPLICAS: usize = 2;
-
-/// Helm 4, built by `scripts/helm-bins.sh` (`scripts/test.sh` exports it).
-fn helm4() -> PathBuf {
-    let path = std::env::var_os("MCS_HELM4").map(PathBuf::from).unwrap_or_else(|| {
-        panic!("MCS_HELM4 is not set: run scripts/test.sh, or export MCS_HELM4=$(scripts/helm-bins.sh | tail -n 1)")
-    });
-    assert!(
-        path.is_file(),
-        "MCS_HELM4={} does not exist",
-        path.display()
-    );
-    path
-}
 
 /// How the members' agents find each other's exports.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -123,7 +110,7 @@ fn helm_install(
     std::fs::write(&values_file, values.to_string()).unwrap();
     let home = scratch.join("helm");
     support::run_command(
-        Command::new(helm4())
+        Command::new(support::helm4())
             .env("HELM_CACHE_HOME", home.join("cache"))
             .env("HELM_CONFIG_HOME", home.join("config"))
             .env("HELM_DATA_HOME", home.join("data"))

@@ -84,3 +84,22 @@ pub fn kwok_stages() -> PathBuf {
 pub fn coredns_bin() -> PathBuf {
     kwok_coredns_file("MCS_COREDNS_BIN", "coredns")
 }
+
+/// Helm 4, `$MCS_HELM4` (built by `scripts/helm-bins.sh`; `scripts/test.sh` exports it).
+/// Panics (with instructions) when it is missing.
+pub fn helm4() -> PathBuf {
+    let path = std::env::var_os("MCS_HELM4")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            panic!(
+                "MCS_HELM4 is not set: run scripts/test.sh, or export \
+             MCS_HELM4=$(scripts/helm-bins.sh | tail -n 1)"
+            )
+        });
+    assert!(
+        path.is_file(),
+        "MCS_HELM4={} does not exist",
+        path.display()
+    );
+    path
+}
