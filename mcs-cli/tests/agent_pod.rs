@@ -12,10 +12,8 @@
 mod support;
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::api::Api;
 use mcs_core::api::v1beta1::ServiceImport;
@@ -34,14 +32,11 @@ fn the_chart_runs_the_agent_and_the_dns_server_as_pods_on_a_real_node() {
 
 async fn installed(lab: &mut Lab) {
     let scratch = tempfile::tempdir().unwrap();
-    let archive = {
-        let out = scratch.path().join("image");
-        let bin_dir = Path::new(env!("CARGO_BIN_EXE_mcs-agent")).parent().unwrap();
-        tokio::task::spawn_blocking(move || support::build_mcs_image(bin_dir, &out, "test"))
+    let bin_dir = Path::new(env!("CARGO_BIN_EXE_mcs-agent")).parent().unwrap();
+    let archive =
+        support::build_mcs_image_off_thread(bin_dir, scratch.path().join("image"), "test")
             .await
-            .unwrap()
-            .archive
-    };
+            .archive;
     let cluster = support::start_cluster(
         "east",
         support::ClusterOptions {
@@ -57,65 +52,40 @@ async fn installed(lab: &mut Lab) {
     // helm install, as a user would, with the image already on the node. The chart's CoreDNS
     // snippet is asked for, and rendered only by the upgrade below: the first install cannot
     // know the DNS Service's ClusterIP.
-    let helm = |args: &[&str], what: &str| {
-        let home = scratch.path().join("helm");
-        support::run_command(
-            Command::new(support::helm4())
-                .env("HELM_CACHE_HOME", home.join("cache"))
-                .env("HELM_CONFIG_HOME", home.join("config"))
-                .env("HELM_DATA_HOME", home.join("data"))
-                .args(args)
-                .arg(RELEASE)
-                .arg(support::workspace_root().join("charts/mcs"))
-                .args(["--namespace", RELEASE_NS])
-                .arg("--kubeconfig")
-                .arg(cluster.kubeconfig_path()),
-            what,
-        )
+    let helm = |args: &[&str]| {
+        support::helm_mcs_chart(&cluster, scratch.path(), args, RELEASE, RELEASE_NS)
     };
-    helm(
-        &[
-            "install",
-            "--create-namespace",
-            "--set",
-            "clusterId=east",
-            "--set",
-            "image.tag=test",
-            "--set",
-            "image.pullPolicy=Never",
-            "--set",
-            "dns.replicas=1",
-            "--set",
-            "coredns.snippetConfigMap.enabled=true",
-            // The scheduler's other Node is kwok's, which runs no container.
-            "--set",
-            "agent.nodeSelector.kubernetes\\.io/hostname=east-kubelet",
-            "--set",
-            "dns.nodeSelector.kubernetes\\.io/hostname=east-kubelet",
-            "--wait=hookOnly",
-        ],
-        "helm install",
-    );
+    helm(&[
+        "install",
+        "--create-namespace",
+        "--set",
+        "clusterId=east",
+        "--set",
+        "image.tag=test",
+        "--set",
+        "image.pullPolicy=Never",
+        "--set",
+        "dns.replicas=1",
+        "--set",
+        "coredns.snippetConfigMap.enabled=true",
+        // The scheduler's other Node is kwok's, which runs no container.
+        "--set",
+        "agent.nodeSelector.kubernetes\\.io/hostname=east-kubelet",
+        "--set",
+        "dns.nodeSelector.kubernetes\\.io/hostname=east-kubelet",
+        "--wait=hookOnly",
+    ]);
 
     let client = cluster.client().await;
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), RELEASE_NS);
     for name in ["mcs-agent", "mcs-dns"] {
-        let available = kube::runtime::wait::await_condition(
-            deployments.clone(),
-            name,
-            |d: Option<&Deployment>| {
-                d.and_then(|d| d.status.as_ref())
-                    .is_some_and(|s| s.available_replicas.unwrap_or(0) >= 1)
-            },
-        );
-        match tokio::time::timeout(Duration::from_secs(120), available).await {
-            Ok(Ok(_)) => {}
-            other => panic!(
-                "Deployment {RELEASE_NS}/{name} never had an available Pod ({other:?}); \
-                 {}\nkubelet:\n{}",
+        let available =
+            support::deployment_available(&client, RELEASE_NS, name, 1, Duration::from_secs(120));
+        if !available.await {
+            panic!(
+                "Deployment {RELEASE_NS}/{name} never had an available Pod; {}\nkubelet:\n{}",
                 what_happened(&client).await,
                 lab.kubelet(0).log_tail("kubelet", 20)
-            ),
+            );
         }
     }
 
@@ -154,7 +124,7 @@ async fn installed(lab: &mut Lab) {
     // The cluster's DNS: the upgrade renders the chart's server block for CoreDNS (the DNS
     // Service's ClusterIP found by lookup), CoreDNS imports it, and a Pod resolves the
     // ClusterSet name through its resolv.conf, as any workload would.
-    helm(&["upgrade", "--reuse-values"], "helm upgrade");
+    helm(&["upgrade", "--reuse-values"]);
     let services: Api<Service> = Api::namespaced(client.clone(), RELEASE_NS);
     let dns_ip = services
         .get("mcs-dns")

@@ -20,7 +20,6 @@ mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -29,7 +28,6 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ListParams, PostParams};
 use mcs_core::api::v1beta1::ServiceImport;
 use support::netlab::{LAB_DUMMY, Lab};
-use support::node::BUSYBOX_IMAGE;
 
 const CLUSTERS: [&str; 3] = ["east", "west", "north"];
 const RELEASE: &str = "mcs";
@@ -108,34 +106,24 @@ fn helm_install(
 ) {
     let values_file = scratch.join(format!("values-{release}-{}.json", cluster.name()));
     std::fs::write(&values_file, values.to_string()).unwrap();
-    let home = scratch.join("helm");
-    support::run_command(
-        Command::new(support::helm4())
-            .env("HELM_CACHE_HOME", home.join("cache"))
-            .env("HELM_CONFIG_HOME", home.join("config"))
-            .env("HELM_DATA_HOME", home.join("data"))
-            .arg("install")
-            .arg(release)
-            .arg(support::workspace_root().join("charts/mcs"))
-            .args(["--namespace", RELEASE_NS, "--create-namespace", "--values"])
-            .arg(&values_file)
-            .arg("--kubeconfig")
-            .arg(cluster.kubeconfig_path())
-            .arg("--wait=hookOnly"),
-        &format!("helm install {release} in {}", cluster.name()),
-    );
+    let values_file = values_file.to_str().unwrap();
+    let args = [
+        "install",
+        "--create-namespace",
+        "--values",
+        values_file,
+        "--wait=hookOnly",
+    ];
+    support::helm_mcs_chart(cluster, scratch, &args, release, RELEASE_NS);
 }
 
 async fn clusterset(lab: &mut Lab, topology: Topology) {
     let scratch = tempfile::tempdir().unwrap();
-    let archive = {
-        let out = scratch.path().join("image");
-        let bin_dir = Path::new(env!("CARGO_BIN_EXE_mcs-agent")).parent().unwrap();
-        tokio::task::spawn_blocking(move || support::build_mcs_image(bin_dir, &out, "test"))
+    let bin_dir = Path::new(env!("CARGO_BIN_EXE_mcs-agent")).parent().unwrap();
+    let archive =
+        support::build_mcs_image_off_thread(bin_dir, scratch.path().join("image"), "test")
             .await
-            .unwrap()
-            .archive
-    };
+            .archive;
     let clusters = support::start_clusters_with(
         &CLUSTERS,
         support::ClusterOptions {
@@ -253,20 +241,9 @@ async fn clusterset(lab: &mut Lab, topology: Topology) {
                     "spec": {
                         "nodeSelector": { "kubernetes.io/hostname": format!("{name}-kubelet") },
                         "terminationGracePeriodSeconds": 1,
-                        "containers": [{
-                            "name": "httpd",
-                            "image": BUSYBOX_IMAGE,
-                            "imagePullPolicy": "Never",
-                            "command": ["/bin/sh", "-c",
-                                format!("echo \"answer-from {name} $POD_NAME\" > /index.html && exec httpd -f -p 8080 -h /")],
-                            "env": [{ "name": "POD_NAME",
-                                      "valueFrom": { "fieldRef": { "fieldPath": "metadata.name" } } }],
-                            "ports": [{ "containerPort": 8080 }],
-                            "readinessProbe": {
-                                "httpGet": { "path": "/index.html", "port": 8080 },
-                                "periodSeconds": 1,
-                            },
-                        }],
+                        "containers": [
+                            support::node::httpd_container(&format!("answer-from {name} $POD_NAME")),
+                        ],
                     },
                 },
             },
@@ -417,15 +394,7 @@ async fn available(
     replicas: i32,
     log: impl FnOnce() -> String,
 ) {
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
-    let done = kube::runtime::wait::await_condition(deployments, name, |d: Option<&Deployment>| {
-        d.and_then(|d| d.status.as_ref())
-            .is_some_and(|s| s.available_replicas.unwrap_or(0) >= replicas)
-    });
-    if !matches!(
-        tokio::time::timeout(Duration::from_secs(120), done).await,
-        Ok(Ok(_))
-    ) {
+    if !support::deployment_available(client, ns, name, replicas, Duration::from_secs(120)).await {
         panic!(
             "Deployment {ns}/{name} never had {replicas} available Pod(s):\n{}",
             log()

@@ -12,7 +12,6 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use support::netlab::{self, Lab};
-use support::node::BUSYBOX_IMAGE;
 
 #[test]
 fn a_kubelet_node_runs_a_pod_from_a_local_image_and_leaves_nothing_behind() {
@@ -101,22 +100,7 @@ async fn run(lab: &mut Lab) -> Traces {
         "spec": {
             "nodeName": node_name,
             "terminationGracePeriodSeconds": 1,
-            "containers": [{
-                "name": "httpd",
-                "image": BUSYBOX_IMAGE,
-                "imagePullPolicy": "Never",
-                "command": ["/bin/sh", "-c",
-                    "echo \"$POD_NAME $POD_IP\" > /index.html && exec httpd -f -p 8080 -h /"],
-                "env": [
-                    { "name": "POD_NAME", "valueFrom": { "fieldRef": { "fieldPath": "metadata.name" } } },
-                    { "name": "POD_IP", "valueFrom": { "fieldRef": { "fieldPath": "status.podIP" } } },
-                ],
-                "ports": [{ "containerPort": 8080 }],
-                "readinessProbe": {
-                    "httpGet": { "path": "/index.html", "port": 8080 },
-                    "periodSeconds": 1,
-                },
-            }],
+            "containers": [support::node::httpd_container("$POD_NAME $POD_IP")],
         },
     }))
     .unwrap();

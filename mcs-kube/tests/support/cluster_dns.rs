@@ -16,6 +16,7 @@ use kube::api::{Api, ListParams, PostParams};
 use serde::de::DeserializeOwned;
 
 use super::bins::coredns_bin;
+use super::kwok::deployment_available;
 use super::node::{BUSYBOX_IMAGE, CLUSTER_DNS, KubeletNode, pack_image};
 
 /// The CoreDNS image [`deploy`] imports into the node.
@@ -171,15 +172,7 @@ pub async fn deploy(client: &kube::Client, node: &KubeletNode, custom: &str) -> 
         }),
     )
     .await;
-    let available =
-        kube::runtime::wait::await_condition(deployments, "coredns", |d: Option<&Deployment>| {
-            d.and_then(|d| d.status.as_ref())
-                .is_some_and(|s| s.available_replicas.unwrap_or(0) >= 1)
-        });
-    if !matches!(
-        tokio::time::timeout(Duration::from_secs(90), available).await,
-        Ok(Ok(_))
-    ) {
+    if !deployment_available(client, ns, "coredns", 1, Duration::from_secs(90)).await {
         panic!(
             "CoreDNS never became Ready on {}; its log:\n{}\nkubelet:\n{}",
             node.name(),

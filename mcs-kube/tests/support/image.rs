@@ -1,8 +1,12 @@
-//! The project's container image for tests: `scripts/image.sh` run on the binaries of the
-//! test build, and the commands tests run around it.
+//! The project's container image and chart for tests: `scripts/image.sh` run on the
+//! binaries of the test build, `helm` on `charts/mcs`, and the commands tests run around
+//! them.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+
+use super::bins::helm4;
+use super::cluster::TestCluster;
 
 /// The workspace's root (the folder holding `Cargo.lock`), from the crate being tested.
 pub fn workspace_root() -> PathBuf {
@@ -64,4 +68,38 @@ pub fn build_mcs_image(bin_dir: &Path, out: &Path, tag: &str) -> McsImage {
         archive: out.join(format!("mcs-image-{tag}.tar")),
         tag: tag.to_owned(),
     }
+}
+
+/// [`build_mcs_image`] on a blocking thread, for async tests.
+pub async fn build_mcs_image_off_thread(bin_dir: &Path, out: PathBuf, tag: &str) -> McsImage {
+    let (bin_dir, tag) = (bin_dir.to_owned(), tag.to_owned());
+    tokio::task::spawn_blocking(move || build_mcs_image(&bin_dir, &out, &tag))
+        .await
+        .expect("scripts/image.sh's thread")
+}
+
+/// Runs Helm 4 as `helm <args> <release> charts/mcs --namespace <namespace>` against
+/// `cluster`, with Helm's own state (cache, configuration, data) under `scratch/helm`, never
+/// the user's; its output, or a panic with it when it fails.
+pub fn helm_mcs_chart(
+    cluster: &TestCluster,
+    scratch: &Path,
+    args: &[&str],
+    release: &str,
+    namespace: &str,
+) -> String {
+    let home = scratch.join("helm");
+    run_command(
+        Command::new(helm4())
+            .env("HELM_CACHE_HOME", home.join("cache"))
+            .env("HELM_CONFIG_HOME", home.join("config"))
+            .env("HELM_DATA_HOME", home.join("data"))
+            .args(args)
+            .arg(release)
+            .arg(workspace_root().join("charts/mcs"))
+            .args(["--namespace", namespace])
+            .arg("--kubeconfig")
+            .arg(cluster.kubeconfig_path()),
+        &format!("helm {} {release} in {}", args.join(" "), cluster.name()),
+    )
 }

@@ -390,6 +390,23 @@ pub async fn wait_ready_pods(client: &Client, ns: &str, selector: &str, n: usize
 }
 
 /// Sets `spec.replicas` of Deployment `ns/name` through its scale subresource.
+/// Waits until Deployment `ns/name` has `replicas` available Pods (watched), for at most
+/// `timeout`; false if it did not, so that the caller can say why in its panic.
+pub async fn deployment_available(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    replicas: i32,
+    timeout: Duration,
+) -> bool {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let done = kube::runtime::wait::await_condition(deployments, name, |d: Option<&Deployment>| {
+        d.and_then(|d| d.status.as_ref())
+            .is_some_and(|s| s.available_replicas.unwrap_or(0) >= replicas)
+    });
+    matches!(tokio::time::timeout(timeout, done).await, Ok(Ok(_)))
+}
+
 pub async fn scale_deployment(client: &Client, ns: &str, name: &str, replicas: i32) {
     scale::<Deployment>(client, ns, name, replicas).await;
 }

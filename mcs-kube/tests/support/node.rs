@@ -950,6 +950,28 @@ fn build_pause(dir: &Path) -> PathBuf {
     out
 }
 
+/// A container `httpd` of [`BUSYBOX_IMAGE`] serving `/index.html` on port 8080, Ready once it
+/// answers there; the page's one line is `index` as the shell expands it, with `POD_NAME`
+/// and `POD_IP` in the environment (`"$POD_NAME $POD_IP"`, say).
+pub fn httpd_container(index: &str) -> serde_json::Value {
+    serde_json::json!({
+        "name": "httpd",
+        "image": BUSYBOX_IMAGE,
+        "imagePullPolicy": "Never",
+        "command": ["/bin/sh", "-c",
+            format!("echo \"{index}\" > /index.html && exec httpd -f -p 8080 -h /")],
+        "env": [
+            { "name": "POD_NAME", "valueFrom": { "fieldRef": { "fieldPath": "metadata.name" } } },
+            { "name": "POD_IP", "valueFrom": { "fieldRef": { "fieldPath": "status.podIP" } } },
+        ],
+        "ports": [{ "containerPort": 8080 }],
+        "readinessProbe": {
+            "httpGet": { "path": "/index.html", "port": 8080 },
+            "periodSeconds": 1,
+        },
+    })
+}
+
 /// An image `localhost/<name>:1` holding `files` (source, path in the image) and the
 /// entrypoint `entrypoint`, as a docker-archive (umoci makes it, skopeo converts it), for
 /// [`KubeletNode::import_image`].
