@@ -8,7 +8,8 @@ step() {
 	echo; echo "${STEP_MARK:-=== ci}: $* ($(date -u +%H:%M:%S))"
 }
 summary() {
-	local rc=$? end i n=${#STEP_NAMES[@]} took mark
+	# The exit status is the argument (from a trap's function) or $? (`trap summary EXIT`).
+	local rc=${1:-$?} end i n=${#STEP_NAMES[@]} took mark
 	end=$(date +%s)
 	echo
 	echo "${STEP_MARK:-=== ci}: time per step ($([ "$rc" = 0 ] && echo passed || echo "FAILED, exit $rc"))"
