@@ -5,15 +5,23 @@
 //! chart's peer-reader ClusterRole there); in hub mode a fourth API server, the hub, gets
 //! the chart's hub release (the MemberExport CRD, the shared roles, a namespace per member)
 //! and each agent reads and writes only the hub with its own identity (`mcs:member:<id>`).
-//! Every API server is reached at the lab's address. `loyalty-accrual` runs as busybox
-//! `httpd` Pods in east and west behind an exported Service; north, which runs none, gets a
-//! ServiceImport with a ClusterSetIP from its own service CIDR and EndpointSlices from both
-//! sources, and a Pod in north resolves `loyalty-accrual.loyalty.svc.clusterset.local`
-//! through north's CoreDNS and the chart's DNS server, then is answered by Pods of both
-//! clusters at that address, through north's kube-proxy and the lab's routes between nodes.
+//! Every API server is reached at the lab's address.
+//!
+//! Then the seed scenario in containers: `loyalty-accrual` (the seed crate's gRPC server,
+//! in an image of its own) runs as 3 Pods in east and 4 in west behind an exported Service;
+//! north, which runs none, gets a ServiceImport with a ClusterSetIP from its own service
+//! CIDR and EndpointSlices from both sources. In north two checkout Pods (the seed's
+//! `checkout` program) call `loyalty.Accrual/Accrue` on
+//! `loyalty-accrual.loyalty.svc.clusterset.local:9443`: a plain gRPC client, which resolves
+//! the name through north's CoreDNS and the chart's DNS server and calls the ClusterSetIP
+//! through north's kube-proxy, and one through `mcs-client` with the Kubernetes resolver
+//! (the Pod's ServiceAccount reads the imports and slices), which dials the Pods of east
+//! and west itself. Both are answered by Pods of both clusters, over the lab's routes
+//! between nodes.
 //!
 //! Needs root and what `scripts/test.sh` installs (kubelet, containerd, helm, umoci,
-//! skopeo).
+//! skopeo), and the seed's programs built beside `mcs-agent` (`cargo test --workspace`,
+//! as `scripts/test.sh` runs, builds them).
 
 #[path = "../../mcs-kube/tests/support/mod.rs"]
 mod support;
@@ -39,11 +47,16 @@ const PEER_USER: &str = "mcs-peer";
 /// The fixed ClusterIP of north's DNS Service, so that the chart renders its CoreDNS server
 /// block at install.
 const NORTH_DNS_IP: &str = "10.0.0.53";
-/// Calls the checkout Pod makes (kube-proxy picks a backend at random for each: all four
-/// backends of two clusters, so one cluster missing by chance has odds of 2 in 2^30).
+/// Calls each checkout Pod makes. kube-proxy picks a backend at random for each connection
+/// of the plain client: seven backends, 3 in east and 4 in west, so one cluster missing by
+/// chance has odds under (4/7)^30, 5 in 10^8.
 const CALLS: usize = 30;
-/// Backends per serving cluster.
-const REPLICAS: usize = 2;
+/// The service's port (the seed's gRPC server listens there).
+const PORT: u16 = 9443;
+/// Backends in each serving cluster.
+const REPLICAS: [(&str, usize); 2] = [("east", 3), ("west", 4)];
+/// The image of the seed's programs (`loyalty-accrual`, `checkout`), made by the test.
+const SEED_IMAGE: &str = "localhost/mcs-seed:1";
 
 /// How the members' agents find each other's exports.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -124,6 +137,21 @@ async fn clusterset(lab: &mut Lab, topology: Topology) {
         support::build_mcs_image_off_thread(bin_dir, scratch.path().join("image"), "test")
             .await
             .archive;
+    let seed_archive = {
+        let (bin_dir, dir) = (bin_dir.to_owned(), scratch.path().join("seed-image"));
+        tokio::task::spawn_blocking(move || {
+            std::fs::create_dir_all(&dir).unwrap();
+            let files =
+                support::node::program_files(&bin_dir, &["loyalty-accrual", "checkout"], &dir);
+            let files: Vec<_> = files
+                .iter()
+                .map(|(f, at)| (f.clone(), at.as_str()))
+                .collect();
+            support::node::pack_image(&dir, "mcs-seed", &files, &["/usr/local/bin/checkout"])
+        })
+        .await
+        .unwrap()
+    };
     let clusters = support::start_clusters_with(
         &CLUSTERS,
         support::ClusterOptions {
@@ -135,7 +163,9 @@ async fn clusterset(lab: &mut Lab, topology: Topology) {
     let mut clients = Vec::new();
     for (i, cluster) in clusters.iter().enumerate() {
         assert_eq!(lab.add_node(cluster), i);
-        lab.add_kubelet(i, cluster).await.import_image(&archive);
+        let node = lab.add_kubelet(i, cluster).await;
+        node.import_image(&archive);
+        node.import_image(&seed_archive);
         clients.push(cluster.client().await);
     }
 
@@ -223,27 +253,42 @@ async fn clusterset(lab: &mut Lab, topology: Topology) {
         }
     }
 
-    // loyalty-accrual in east and west: busybox httpd answering with its cluster and name.
+    // loyalty-accrual in east and west: the seed's gRPC server, answering with its cluster
+    // and Pod address.
     let mut backends = BTreeMap::new();
     for (i, client) in clients.iter().enumerate() {
         support::create_namespace(client, NS).await;
         let name = CLUSTERS[i];
-        if name == "north" {
+        let Some(&(_, replicas)) = REPLICAS.iter().find(|(c, _)| *c == name) else {
             continue;
-        }
+        };
         let deployment: Deployment = serde_json::from_value(serde_json::json!({
             "metadata": { "name": SERVICE },
             "spec": {
-                "replicas": REPLICAS,
+                "replicas": replicas,
                 "selector": { "matchLabels": { "app": SERVICE } },
                 "template": {
                     "metadata": { "labels": { "app": SERVICE } },
                     "spec": {
                         "nodeSelector": { "kubernetes.io/hostname": format!("{name}-kubelet") },
                         "terminationGracePeriodSeconds": 1,
-                        "containers": [
-                            support::node::httpd_container(&format!("answer-from {name} $POD_NAME")),
-                        ],
+                        "automountServiceAccountToken": false,
+                        "containers": [{
+                            "name": "server",
+                            "image": SEED_IMAGE,
+                            "imagePullPolicy": "Never",
+                            "command": ["/usr/local/bin/loyalty-accrual"],
+                            "env": [
+                                { "name": "CLUSTER", "value": name },
+                                { "name": "POD_IP",
+                                  "valueFrom": { "fieldRef": { "fieldPath": "status.podIP" } } },
+                            ],
+                            "ports": [{ "name": "grpc", "containerPort": PORT }],
+                            "readinessProbe": {
+                                "tcpSocket": { "port": PORT },
+                                "periodSeconds": 1,
+                            },
+                        }],
                     },
                 },
             },
@@ -253,14 +298,18 @@ async fn clusterset(lab: &mut Lab, topology: Topology) {
             .create(&PostParams::default(), &deployment)
             .await
             .unwrap();
-        let service = support::service(SERVICE, SERVICE, &[("http", 8080, "TCP")], false);
+        let service = support::service(SERVICE, SERVICE, &[("grpc", PORT.into(), "TCP")], false);
         support::create_exported_service(client, NS, &service).await;
-        available(client, NS, SERVICE, REPLICAS as i32, || {
-            lab.kubelet(i).log_tail("kubelet", 20)
+        available(client, NS, SERVICE, replicas as i32, || {
+            format!(
+                "{}\nkubelet:\n{}",
+                lab.kubelet(i).container_logs(NS, SERVICE, "server", 20),
+                lab.kubelet(i).log_tail("kubelet", 20)
+            )
         })
         .await;
         let ips = support::cluster_dns::pod_ips(client, NS, &format!("app={SERVICE}")).await;
-        assert_eq!(ips.len(), REPLICAS, "{name}'s backends: {ips:?}");
+        assert_eq!(ips.len(), replicas, "{name}'s backends: {ips:?}");
         backends.insert(name, ips);
     }
 
@@ -289,7 +338,7 @@ async fn clusterset(lab: &mut Lab, topology: Topology) {
     // north's kube-proxy routes it to every backend: the agent wrote the endpoints of both
     // clusters into north.
     let all: BTreeSet<String> = backends.values().flatten().cloned().collect();
-    lab.wait_kube_proxy_endpoints(2, (ip, 8080).into(), &all)
+    lab.wait_kube_proxy_endpoints(2, (ip, PORT).into(), &all)
         .await;
     let slices = Api::<EndpointSlice>::namespaced(north.clone(), NS)
         .list(&ListParams::default().labels(&format!(
@@ -341,49 +390,134 @@ async fn clusterset(lab: &mut Lab, topology: Topology) {
     lab.wait_kube_proxy_endpoints(2, format!("{NORTH_DNS_IP}:53").parse().unwrap(), &mcs_dns)
         .await;
     let name = format!("{SERVICE}.{NS}.svc.clusterset.local");
-    let (ok, out) = support::cluster_dns::run_to_completion(
+    let pods: BTreeMap<String, &str> = backends
+        .iter()
+        .flat_map(|(cluster, ips)| ips.iter().map(|ip| (format!("{ip}:{PORT}"), *cluster)))
+        .collect();
+
+    // The plain gRPC client: the name through north's DNS, the ClusterSetIP through
+    // kube-proxy.
+    let container = serde_json::json!({
+        "image": SEED_IMAGE,
+        "command": ["/usr/local/bin/checkout", "plain", CALLS.to_string()],
+    });
+    let (ok, out) = support::cluster_dns::run_container_to_completion(
         north,
         lab.kubelet(2),
         NS,
-        "checkout",
-        &format!(
-            "ip=$(nslookup -type=a {name} | busybox sed -n 's/^Address: //p' | busybox tail -n 1) \
-             && echo \"resolved $ip\" \
-             && for i in $(busybox seq 1 {CALLS}); do \
-                  printf 'GET /index.html HTTP/1.0\\r\\n\\r\\n' | busybox nc -w 5 $ip 8080 || exit 1; \
-                done"
-        ),
+        "checkout-plain",
+        container,
+        None,
     )
     .await;
-    let stdout: Vec<&str> = out
-        .lines()
-        .filter_map(|l| l.split_once(" stdout F ").map(|(_, rest)| rest))
-        .collect();
+    let stdout = container_stdout(&out);
     assert!(
-        ok && stdout.contains(&format!("resolved {ip}").as_str()),
-        "the checkout Pod resolved {name} to {ip} and every call was answered:\n{out}"
+        ok && stdout.contains(&format!("resolved {ip}:{PORT}").as_str()),
+        "the plain client resolved {name} to {ip} and every call was answered:\n{out}"
     );
-    // Each answer is a backend's line `answer-from <cluster> <Pod>`. (busybox's own HTTP
-    // client, wget, is not used: the static busybox's wget crashes in glibc's service
-    // lookup without the NSS libraries, which the image does not have.)
-    let answers: Vec<&str> = stdout
-        .iter()
-        .filter_map(|l| l.strip_prefix("answer-from "))
-        .collect();
-    assert_eq!(
-        answers.len(),
-        CALLS,
-        "every call from north answered:\n{out}"
+    assert_answered(
+        &stdout,
+        &pods,
+        "the plain client through the ClusterSetIP",
+        &out,
     );
-    let answered_by: BTreeSet<&str> = answers
+
+    // The checkout through mcs-client: the Pods' addresses from north's imports (its
+    // ServiceAccount may read them), each call balanced and dialled by the client.
+    grant_import_reader(north, "checkout").await;
+    let container = serde_json::json!({
+        "image": SEED_IMAGE,
+        "command": ["/usr/local/bin/checkout", "mcs", CALLS.to_string()],
+        "env": [{ "name": "CLUSTER", "value": "north" }],
+    });
+    let (ok, out) = support::cluster_dns::run_container_to_completion(
+        north,
+        lab.kubelet(2),
+        NS,
+        "checkout-mcs",
+        container,
+        Some("checkout"),
+    )
+    .await;
+    let stdout = container_stdout(&out);
+    assert!(
+        ok,
+        "every call of the mcs-client checkout was answered:\n{out}"
+    );
+    assert_answered(&stdout, &pods, "the checkout through mcs-client", &out);
+}
+
+/// What a container wrote on its standard output, line by line, from kubelet's log.
+fn container_stdout(log: &str) -> Vec<&str> {
+    log.lines()
+        .filter_map(|l| l.split_once(" stdout F ").map(|(_, rest)| rest))
+        .collect()
+}
+
+/// Checks that `stdout` (the seed's `checkout`) has `CALLS` answers, each from one of
+/// `pods` (`<pod IP>:<port>` → cluster) and naming that Pod's cluster, and answers from both
+/// serving clusters.
+fn assert_answered(stdout: &[&str], pods: &BTreeMap<String, &str>, who: &str, log: &str) {
+    // `answer <cluster> <pod address> <attempts>`
+    let answers: Vec<(&str, &str)> = stdout
         .iter()
-        .filter_map(|a| a.split_whitespace().next())
+        .filter_map(|l| l.strip_prefix("answer "))
+        .filter_map(|a| {
+            let mut words = a.split_whitespace();
+            Some((words.next()?, words.next()?))
+        })
         .collect();
+    assert_eq!(answers.len(), CALLS, "{who}: every call answered:\n{log}");
+    for (cluster, pod) in &answers {
+        assert_eq!(
+            pods.get(*pod),
+            Some(cluster),
+            "{who}: {pod} answered as a Pod of {cluster}; the backends are {pods:?}"
+        );
+    }
+    let clusters: BTreeSet<&str> = answers.iter().map(|(c, _)| *c).collect();
     assert_eq!(
-        answered_by,
+        clusters,
         BTreeSet::from(["east", "west"]),
-        "{CALLS} calls to {name} from north, answered by:\n{out}"
+        "{who}: {CALLS} calls answered by:\n{log}"
     );
+}
+
+/// ServiceAccount `ns/<name>` in north, allowed what `mcs_kube::resolver::KubeResolver`
+/// reads: the ServiceImports and EndpointSlices of [`NS`].
+async fn grant_import_reader(client: &kube::Client, name: &str) {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    let sa: ServiceAccount =
+        serde_json::from_value(serde_json::json!({ "metadata": { "name": name } })).unwrap();
+    Api::<ServiceAccount>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &sa)
+        .await
+        .unwrap();
+    let role: Role = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": name },
+        "rules": [
+            { "apiGroups": ["multicluster.x-k8s.io"], "resources": ["serviceimports"],
+              "verbs": ["get", "list", "watch"] },
+            { "apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+              "verbs": ["get", "list", "watch"] },
+        ],
+    }))
+    .unwrap();
+    Api::<Role>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    let binding: RoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": name },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name },
+        "subjects": [{ "kind": "ServiceAccount", "name": name, "namespace": NS }],
+    }))
+    .unwrap();
+    Api::<RoleBinding>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
 }
 
 /// Waits until Deployment `ns/name` has `replicas` available Pods; panics with `log()`.

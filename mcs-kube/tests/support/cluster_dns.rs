@@ -214,6 +214,27 @@ pub async fn run_to_completion(
     name: &str,
     command: &str,
 ) -> (bool, String) {
+    let container = serde_json::json!({
+        "image": BUSYBOX_IMAGE,
+        "command": ["/bin/sh", "-c", command],
+    });
+    run_container_to_completion(client, node, ns, name, container, None).await
+}
+
+/// Runs `container` (its image imported into `node`; its name is set to `run`) once in a Pod
+/// `name` in namespace `ns` on `node`, as `service_account` when one is named (otherwise
+/// with no API credentials), and returns whether it exited 0 and its output, read from
+/// kubelet's log files.
+pub async fn run_container_to_completion(
+    client: &kube::Client,
+    node: &KubeletNode,
+    ns: &str,
+    name: &str,
+    mut container: serde_json::Value,
+    service_account: Option<&str>,
+) -> (bool, String) {
+    container["name"] = "run".into();
+    container["imagePullPolicy"] = "Never".into();
     let pods = Api::<Pod>::namespaced(client.clone(), ns);
     create(
         &pods,
@@ -223,12 +244,9 @@ pub async fn run_to_completion(
                 "nodeName": node.name(),
                 "restartPolicy": "Never",
                 "terminationGracePeriodSeconds": 1,
-                "containers": [{
-                    "name": "run",
-                    "image": BUSYBOX_IMAGE,
-                    "imagePullPolicy": "Never",
-                    "command": ["/bin/sh", "-c", command],
-                }],
+                "serviceAccountName": service_account.unwrap_or("default"),
+                "automountServiceAccountToken": service_account.is_some(),
+                "containers": [container],
             },
         }),
     )
@@ -241,7 +259,8 @@ pub async fn run_to_completion(
     let phase = match tokio::time::timeout(Duration::from_secs(90), done).await {
         Ok(Ok(Some(p))) => p.status.and_then(|s| s.phase).unwrap_or_default(),
         other => panic!(
-            "Pod {ns}/{name} never finished ({other:?}); kubelet:\n{}",
+            "Pod {ns}/{name} never finished ({other:?}); its log:\n{}\nkubelet:\n{}",
+            node.container_logs(ns, &format!("{name}_"), "run", 30),
             node.log_tail("kubelet", 20)
         ),
     };

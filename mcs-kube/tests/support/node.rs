@@ -950,6 +950,54 @@ fn build_pause(dir: &Path) -> PathBuf {
     out
 }
 
+/// The files of an image holding the dynamically linked `programs` of `bin_dir` (a test
+/// build's, say): each stripped of symbols and debug information into `dir`, to go at
+/// `usr/local/bin/<program>`, and every shared library `ldd` says they load, at its own path
+/// (the dynamic loader included), as [`pack_image`] takes them.
+pub fn program_files(bin_dir: &Path, programs: &[&str], dir: &Path) -> Vec<(PathBuf, String)> {
+    let strip = need("strip", "binutils");
+    let stripped = dir.join("stripped");
+    std::fs::create_dir_all(&stripped).expect("a folder for the stripped programs");
+    let mut files = Vec::new();
+    let mut libs = BTreeSet::new();
+    for program in programs {
+        let exe = bin_dir.join(program);
+        assert!(
+            exe.is_file(),
+            "{} is missing: the image needs it (`cargo test --workspace`, as scripts/test.sh \
+             runs, builds every program of the workspace)",
+            exe.display()
+        );
+        let out = stripped.join(program);
+        let status = Command::new(&strip)
+            .arg("-o")
+            .arg(&out)
+            .arg(&exe)
+            .status()
+            .expect("run strip");
+        assert!(status.success(), "strip {}: {status}", exe.display());
+        files.push((out, format!("usr/local/bin/{program}")));
+        let ldd = Command::new("ldd").arg(&exe).output().expect("run ldd");
+        assert!(ldd.status.success(), "ldd {}", exe.display());
+        // `libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)` and the loader's
+        // `/lib64/ld-linux-x86-64.so.2 (0x...)`.
+        for line in String::from_utf8_lossy(&ldd.stdout).lines() {
+            let path = match line.split_once("=> ") {
+                Some((_, rest)) => rest.split_whitespace().next(),
+                None => line.split_whitespace().next(),
+            };
+            if let Some(path) = path.filter(|p| p.starts_with('/')) {
+                libs.insert(path.to_owned());
+            }
+        }
+    }
+    for lib in libs {
+        let at = lib.trim_start_matches('/').to_owned();
+        files.push((PathBuf::from(lib), at));
+    }
+    files
+}
+
 /// A container `httpd` of [`BUSYBOX_IMAGE`] serving `/index.html` on port 8080, Ready once it
 /// answers there; the page's one line is `index` as the shell expands it, with `POD_NAME`
 /// and `POD_IP` in the environment (`"$POD_NAME $POD_IP"`, say).
