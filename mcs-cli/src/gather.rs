@@ -388,21 +388,42 @@ async fn rbac(client: &kube::Client, user: &str) -> Result<Vec<(String, bool)>, 
     Ok(results)
 }
 
-/// Whether the cluster's CoreDNS forwards `clusterset.local` (its ConfigMap
-/// `kube-system/coredns`); unknown without one.
+/// Whether the cluster's CoreDNS forwards `clusterset.local`: its ConfigMap
+/// `kube-system/coredns` has a server block for the zone, or its Corefile `import`s server
+/// files and a ConfigMap in `kube-system` holds a `*.server` block for the zone (the
+/// `coredns-custom` convention of AKS and k3s, which the chart's `coredns.snippetConfigMap`
+/// follows); unknown without a `coredns` ConfigMap.
 async fn corefile(client: &kube::Client) -> DnsFacts {
-    match Api::<ConfigMap>::namespaced(client.clone(), "kube-system")
-        .get_opt("coredns")
-        .await
+    let config_maps = Api::<ConfigMap>::namespaced(client.clone(), "kube-system");
+    let data = match config_maps.get_opt("coredns").await {
+        Ok(Some(cm)) => cm.data.unwrap_or_default(),
+        _ => return DnsFacts::Unknown,
+    };
+    if data
+        .values()
+        .any(|corefile| corefile.contains("clusterset.local"))
     {
-        Ok(Some(cm)) => DnsFacts::Corefile(
-            cm.data
-                .unwrap_or_default()
-                .values()
-                .any(|corefile| corefile.contains("clusterset.local")),
-        ),
-        _ => DnsFacts::Unknown,
+        return DnsFacts::Corefile(true);
     }
+    let imports = data.values().any(|corefile| {
+        corefile
+            .lines()
+            .any(|l| l.trim_start().starts_with("import "))
+    });
+    if !imports {
+        return DnsFacts::Corefile(false);
+    }
+    let snippets = config_maps
+        .list(&ListParams::default())
+        .await
+        .map(|list| list.items)
+        .unwrap_or_default();
+    DnsFacts::Corefile(snippets.iter().any(|cm| {
+        cm.data
+            .iter()
+            .flatten()
+            .any(|(key, block)| key.ends_with(".server") && block.contains("clusterset.local"))
+    }))
 }
 
 /// Asks `server` for the SOA of `clusterset.local`.

@@ -340,27 +340,7 @@ async fn clusterset(lab: &mut Lab, topology: Topology) {
     let all: BTreeSet<String> = backends.values().flatten().cloned().collect();
     lab.wait_kube_proxy_endpoints(2, (ip, PORT).into(), &all)
         .await;
-    let slices = Api::<EndpointSlice>::namespaced(north.clone(), NS)
-        .list(&ListParams::default().labels(&format!(
-            "multicluster.kubernetes.io/service-name={SERVICE}"
-        )))
-        .await
-        .unwrap()
-        .items;
-    let mut by_source: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for slice in &slices {
-        let source = slice
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get("multicluster.kubernetes.io/source-cluster"))
-            .cloned()
-            .unwrap_or_else(|| panic!("slice {:?} without a source-cluster", slice.metadata.name));
-        by_source
-            .entry(source)
-            .or_default()
-            .extend(slice.endpoints.iter().flat_map(|e| e.addresses.clone()));
-    }
+    let by_source = endpoints_by_source(north).await;
     let expected: BTreeMap<String, BTreeSet<String>> = backends
         .iter()
         .map(|(k, v)| (k.to_string(), v.clone()))
@@ -445,6 +425,57 @@ async fn clusterset(lab: &mut Lab, topology: Topology) {
         "every call of the mcs-client checkout was answered:\n{out}"
     );
     assert_answered(&stdout, &pods, "the checkout through mcs-client", &out);
+
+    // What a user sees with kubectl: north's import.
+    let kubeconfig =
+        std::env::join_paths(clusters.iter().map(|c| c.kubeconfig_path())).expect("kubeconfigs");
+    let kubectl = |args: &[&str]| {
+        let out = std::process::Command::new(support::bin_dir().join("kubectl"))
+            .args(args)
+            .env("KUBECONFIG", &kubeconfig)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run kubectl");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    };
+    let (ok, imports) = kubectl(&["get", "serviceimports", "-n", NS, "--context", "north"]);
+    let row = imports.lines().find(|l| l.starts_with(SERVICE));
+    assert!(
+        ok && row.is_some_and(|r| r.contains("ClusterSetIP") && r.contains(&ip.to_string())),
+        "kubectl get serviceimports -n {NS} --context north shows {SERVICE} as ClusterSetIP \
+         {ip}:\n{imports}"
+    );
+}
+
+/// The endpoint addresses of north's MCS EndpointSlices of the service, by source cluster.
+async fn endpoints_by_source(client: &kube::Client) -> BTreeMap<String, BTreeSet<String>> {
+    let slices = Api::<EndpointSlice>::namespaced(client.clone(), NS)
+        .list(&ListParams::default().labels(&format!(
+            "multicluster.kubernetes.io/service-name={SERVICE}"
+        )))
+        .await
+        .unwrap()
+        .items;
+    let mut by_source: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for slice in &slices {
+        let source = slice
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("multicluster.kubernetes.io/source-cluster"))
+            .cloned()
+            .unwrap_or_else(|| panic!("slice {:?} without a source-cluster", slice.metadata.name));
+        by_source
+            .entry(source)
+            .or_default()
+            .extend(slice.endpoints.iter().flat_map(|e| e.addresses.clone()));
+    }
+    by_source
 }
 
 /// What a container wrote on its standard output, line by line, from kubelet's log.

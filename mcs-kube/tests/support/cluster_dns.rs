@@ -230,8 +230,42 @@ pub async fn run_container_to_completion(
     node: &KubeletNode,
     ns: &str,
     name: &str,
+    container: serde_json::Value,
+    service_account: Option<&str>,
+) -> (bool, String) {
+    run_pod_to_completion(client, node, ns, name, container, service_account, None).await
+}
+
+/// [`run_container_to_completion`] with a volume in the Pod (which the container mounts).
+pub async fn run_container_to_completion_with_volume(
+    client: &kube::Client,
+    node: &KubeletNode,
+    ns: &str,
+    name: &str,
+    container: serde_json::Value,
+    service_account: Option<&str>,
+    volume: serde_json::Value,
+) -> (bool, String) {
+    run_pod_to_completion(
+        client,
+        node,
+        ns,
+        name,
+        container,
+        service_account,
+        Some(volume),
+    )
+    .await
+}
+
+async fn run_pod_to_completion(
+    client: &kube::Client,
+    node: &KubeletNode,
+    ns: &str,
+    name: &str,
     mut container: serde_json::Value,
     service_account: Option<&str>,
+    volume: Option<serde_json::Value>,
 ) -> (bool, String) {
     container["name"] = "run".into();
     container["imagePullPolicy"] = "Never".into();
@@ -247,6 +281,7 @@ pub async fn run_container_to_completion(
                 "serviceAccountName": service_account.unwrap_or("default"),
                 "automountServiceAccountToken": service_account.is_some(),
                 "containers": [container],
+                "volumes": volume.into_iter().collect::<Vec<_>>(),
             },
         }),
     )
@@ -256,7 +291,7 @@ pub async fn run_container_to_completion(
             .and_then(|s| s.phase.as_deref())
             .is_some_and(|phase| phase == "Succeeded" || phase == "Failed")
     });
-    let phase = match tokio::time::timeout(Duration::from_secs(90), done).await {
+    let phase = match tokio::time::timeout(Duration::from_secs(180), done).await {
         Ok(Ok(Some(p))) => p.status.and_then(|s| s.phase).unwrap_or_default(),
         other => panic!(
             "Pod {ns}/{name} never finished ({other:?}); its log:\n{}\nkubelet:\n{}",

@@ -243,6 +243,33 @@ impl KubeletNode {
         );
     }
 
+    /// Everything the containers `container` of the Pods in `ns` whose names start with
+    /// `pod_prefix` have logged on this node, whole (kubelet's CRI log lines, in file order),
+    /// where [`KubeletNode::container_logs`] gives the ends of the files for a message.
+    pub fn container_output(&self, ns: &str, pod_prefix: &str, container: &str) -> String {
+        let mut out = String::new();
+        let prefix = format!("{ns}_{pod_prefix}");
+        let mut pods: Vec<_> = std::fs::read_dir(self.dir.path().join("pods"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|p| p.file_name().to_string_lossy().starts_with(&prefix))
+            .collect();
+        pods.sort_by_key(|p| p.file_name());
+        for pod in pods {
+            let mut logs: Vec<_> = std::fs::read_dir(pod.path().join(container))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .collect();
+            logs.sort_by_key(|l| l.file_name());
+            for log in logs {
+                out += &std::fs::read_to_string(log.path()).unwrap_or_default();
+            }
+        }
+        out
+    }
+
     /// The last `lines` lines of the logs of every container named `container` of the Pods
     /// in namespace `ns` whose names start with `pod_prefix` (kubelet's log files in the
     /// node's folder, so no API server to kubelet connection is needed).

@@ -1,10 +1,15 @@
-//! The seed scenario's checkout as a container: `CALLS` calls of `loyalty.Accrual/Accrue` on
+//! The seed scenario's checkout as a container: calls of `loyalty.Accrual/Accrue` on
 //! `loyalty-accrual.loyalty.svc.clusterset.local:9443`, one output line per call.
 //!
 //! ```text
 //! CLUSTER=north checkout mcs 100     # through mcs-client, endpoints from the Kubernetes API
 //! checkout plain 100                 # a plain gRPC client: DNS, then the ClusterSetIP
+//! CLUSTER=north checkout mcs --until /signal/stop   # a call every 20 ms until the file exists
 //! ```
+//!
+//! The second argument is how many calls to make one after the other, or `--until FILE`:
+//! call every 20 ms until FILE exists (a folder shared with whoever drives the run, say a
+//! `hostPath` volume), for runs during which the service changes.
 //!
 //! - `mcs`: the `mcs-client` layer with `mcs_kube::resolver::KubeResolver` over the in-cluster
 //!   configuration (the Pod's ServiceAccount needs list and watch on ServiceImports and
@@ -20,7 +25,9 @@
 //! `failed <error>`; the last line is `calls <answered> answered <failed> failed`. The exit
 //! status is 0 only when every call was answered.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use http::uri::PathAndQuery;
 use mcs_core::ClusterId;
@@ -32,14 +39,44 @@ use mcs_seed::pods::Network;
 /// The service port.
 const PORT: u16 = 9443;
 
-const USAGE: &str = "usage: checkout <mcs|plain> <calls>  (mcs needs CLUSTER, this cluster's name)";
+const USAGE: &str =
+    "usage: checkout <mcs|plain> <calls | --until FILE>  (mcs needs CLUSTER, this cluster's name)";
+
+/// Between two calls of an `--until` run.
+const INTERVAL: Duration = Duration::from_millis(20);
+
+/// How many calls a run makes.
+enum Calls {
+    /// This many.
+    Count(usize),
+    /// Until this file exists.
+    Until(PathBuf),
+}
+
+impl Calls {
+    /// Whether call number `order` (from 0) is to be made; paces an `--until` run.
+    async fn go_on(&self, order: usize) -> bool {
+        match self {
+            Calls::Count(n) => order < *n,
+            Calls::Until(file) => {
+                if order > 0 {
+                    tokio::time::sleep(INTERVAL).await;
+                }
+                !file.exists()
+            }
+        }
+    }
+}
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (mode, calls) = match args.as_slice() {
+        [mode, flag, file] if (mode == "mcs" || mode == "plain") && flag == "--until" => {
+            (mode.as_str(), Calls::Until(PathBuf::from(file)))
+        }
         [mode, calls] if mode == "mcs" || mode == "plain" => match calls.parse::<usize>() {
-            Ok(calls) => (mode.as_str(), calls),
+            Ok(calls) => (mode.as_str(), Calls::Count(calls)),
             Err(e) => {
                 eprintln!("checkout: calls {calls:?}: {e}\n{USAGE}");
                 return ExitCode::from(2);
@@ -50,7 +87,7 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mut failed = 0;
+    let (mut made, mut failed) = (0, 0);
     if mode == "mcs" {
         let cluster = match std::env::var("CLUSTER").map(ClusterId::new) {
             Ok(Ok(cluster)) => cluster,
@@ -72,8 +109,9 @@ async fn main() -> ExitCode {
         };
         // No route of the seed's loopback network: every Pod address is dialled as it is.
         let checkout = Checkout::new(&cluster, KubeResolver::new(client), &Network::default());
-        for order in 0..calls {
-            match checkout.accrue(PORT, order).await {
+        while calls.go_on(made).await {
+            made += 1;
+            match checkout.accrue(PORT, made).await {
                 Ok(call) => println!("answer {} {} {}", call.cluster, call.pod, call.attempts),
                 Err(e) => {
                     failed += 1;
@@ -96,8 +134,9 @@ async fn main() -> ExitCode {
             }
         };
         println!("resolved {addr}");
-        for order in 0..calls {
-            match plain_call(addr, order).await {
+        while calls.go_on(made).await {
+            made += 1;
+            match plain_call(addr, made).await {
                 Ok(reply) => println!("answer {} {} 1", reply.cluster, reply.pod),
                 Err(e) => {
                     failed += 1;
@@ -106,7 +145,7 @@ async fn main() -> ExitCode {
             }
         }
     }
-    println!("calls {} answered {failed} failed", calls - failed);
+    println!("calls {} answered {failed} failed", made - failed);
     if failed == 0 {
         ExitCode::SUCCESS
     } else {
