@@ -388,6 +388,7 @@ async fn clusterset(lab: &mut Lab, topology: Topology) {
         "checkout-plain",
         container,
         None,
+        None,
     )
     .await;
     let stdout = container_stdout(&out);
@@ -417,6 +418,7 @@ async fn clusterset(lab: &mut Lab, topology: Topology) {
         "checkout-mcs",
         container,
         Some("checkout"),
+        None,
     )
     .await;
     let stdout = container_stdout(&out);

@@ -341,7 +341,7 @@ pub async fn drive(
 }
 
 /// An error and its sources, `: `-separated.
-pub(crate) fn chain(err: &(dyn std::error::Error + 'static)) -> String {
+pub fn chain(err: &(dyn std::error::Error + 'static)) -> String {
     let mut text = err.to_string();
     let mut source = err.source();
     while let Some(e) = source {

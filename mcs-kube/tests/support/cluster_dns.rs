@@ -218,47 +218,14 @@ pub async fn run_to_completion(
         "image": BUSYBOX_IMAGE,
         "command": ["/bin/sh", "-c", command],
     });
-    run_container_to_completion(client, node, ns, name, container, None).await
+    run_container_to_completion(client, node, ns, name, container, None, None).await
 }
 
 /// Runs `container` (its image imported into `node`; its name is set to `run`) once in a Pod
 /// `name` in namespace `ns` on `node`, as `service_account` when one is named (otherwise
-/// with no API credentials), and returns whether it exited 0 and its output, read from
-/// kubelet's log files.
+/// with no API credentials) and with `volume` when one is given (which the container
+/// mounts), and returns whether it exited 0 and its output, read from kubelet's log files.
 pub async fn run_container_to_completion(
-    client: &kube::Client,
-    node: &KubeletNode,
-    ns: &str,
-    name: &str,
-    container: serde_json::Value,
-    service_account: Option<&str>,
-) -> (bool, String) {
-    run_pod_to_completion(client, node, ns, name, container, service_account, None).await
-}
-
-/// [`run_container_to_completion`] with a volume in the Pod (which the container mounts).
-pub async fn run_container_to_completion_with_volume(
-    client: &kube::Client,
-    node: &KubeletNode,
-    ns: &str,
-    name: &str,
-    container: serde_json::Value,
-    service_account: Option<&str>,
-    volume: serde_json::Value,
-) -> (bool, String) {
-    run_pod_to_completion(
-        client,
-        node,
-        ns,
-        name,
-        container,
-        service_account,
-        Some(volume),
-    )
-    .await
-}
-
-async fn run_pod_to_completion(
     client: &kube::Client,
     node: &KubeletNode,
     ns: &str,

@@ -32,7 +32,7 @@ use std::time::Duration;
 use http::uri::PathAndQuery;
 use mcs_core::ClusterId;
 use mcs_kube::resolver::KubeResolver;
-use mcs_seed::checkout::{Checkout, HOST};
+use mcs_seed::checkout::{Checkout, HOST, chain};
 use mcs_seed::grpc::{ACCRUE, AccrueReply, AccrueRequest, JsonCodec};
 use mcs_seed::pods::Network;
 
@@ -175,16 +175,4 @@ async fn plain_call(addr: std::net::SocketAddr, order: usize) -> Result<AccrueRe
         .await
         .map_err(|status| format!("{}: {}", status.code(), status.message()))?;
     Ok(reply.into_inner())
-}
-
-/// An error and its sources, `: `-separated.
-fn chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(e) = source {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
-        source = e.source();
-    }
-    text
 }
