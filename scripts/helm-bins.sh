@@ -12,8 +12,11 @@
 #
 # Environment:
 #   MCS_HELM_CACHE  cache root (default: $HOME/.cache/mcs-helm)
-#   MCS_HELM3       helm.sh/helm/v3 version (default: 3.21.4; not 3.22.0)
-#   MCS_HELM4       helm.sh/helm/v4 version (default: 4.3.2)
+#   MCS_HELM3_VERSION  helm.sh/helm/v3 version (default: 3.21.4; not 3.22.0)
+#   MCS_HELM4_VERSION  helm.sh/helm/v4 version (default: 4.3.2)
+#
+# (MCS_HELM3 and MCS_HELM4 are the binaries' paths, which scripts/test.sh exports for the
+# tests; this script does not read them, so running it with them exported is harmless.)
 #
 # Each version is built in a wrapper module of its own (`go mod init` + `go get
 # helm.sh/helm/vN/cmd/helm@vX`), so the dependencies are exactly the ones helm's go.mod
@@ -30,8 +33,8 @@ export GOTOOLCHAIN=local CGO_ENABLED=0
 export GOFLAGS="${GOFLAGS:+$GOFLAGS }-buildvcs=false"
 
 CACHE="${MCS_HELM_CACHE:-$HOME/.cache/mcs-helm}"
-V3="${MCS_HELM3:-3.21.4}" && V3="v${V3#v}"
-V4="${MCS_HELM4:-4.3.2}" && V4="v${V4#v}"
+V3="${MCS_HELM3_VERSION:-3.21.4}" && V3="v${V3#v}"
+V4="${MCS_HELM4_VERSION:-4.3.2}" && V4="v${V4#v}"
 
 log() { echo "helm-bins: $*"; }
 die() { echo "helm-bins: ERROR: $*" >&2; exit 1; }

@@ -1,6 +1,7 @@
 //! The Helm chart (`charts/mcs`) with real Helm 3 and Helm 4 (`scripts/helm-bins.sh`) and a
 //! real API server: `helm lint --strict`, the values schema refusing a mistyped value, the
-//! README listing every value, every mode's rendering accepted by the API server's
+//! README listing every value, the ClusterProperties following `clusterId` and `clusterSet`,
+//! every mode's rendering accepted by the API server's
 //! server-side apply (and a broken template refused by it), the chart's RBAC equal to
 //! `deploy/rbac/` rule for rule, and `helm install` / `upgrade` / `uninstall` in the mesh
 //! and hub topologies leaving nothing behind but the CRDs.
@@ -8,7 +9,7 @@
 #[path = "../../mcs-kube/tests/support/mod.rs"]
 mod support;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
@@ -131,6 +132,50 @@ fn chart_lints_strictly_with_helm_3_and_4_in_every_mode() {
             );
         }
     }
+}
+
+/// The ClusterProperties rendered, as name → value.
+fn cluster_properties(objs: &[DynamicObject]) -> BTreeMap<String, String> {
+    objs.iter()
+        .filter(|o| kind(o) == "ClusterProperty")
+        .map(|o| {
+            let value = o.data["spec"]["value"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            (o.name_any(), value)
+        })
+        .collect()
+}
+
+#[test]
+fn cluster_properties_carry_the_cluster_id_and_the_clusterset() {
+    let (_, helm4) = &helms()[1];
+    let props =
+        |mode: &str, extra: &[&str]| cluster_properties(&documents(&render(helm4, mode, extra)));
+    // mesh: clusterId east, clusterSet shop.
+    assert_eq!(
+        props("mesh", &[]),
+        BTreeMap::from([
+            (
+                mcs_core::api::CLUSTER_ID_PROPERTY.to_owned(),
+                "east".to_owned()
+            ),
+            (
+                mcs_core::api::CLUSTERSET_PROPERTY.to_owned(),
+                "shop".to_owned()
+            ),
+        ])
+    );
+    // No clusterId: the agent reads it from a ClusterProperty made elsewhere.
+    assert_eq!(props("mesh-noid", &[]), BTreeMap::new());
+    // Managed elsewhere.
+    assert_eq!(
+        props("mesh", &["--set", "clusterProperties.create=false"]),
+        BTreeMap::new()
+    );
+    // A hub API server that is no member has no id.
+    assert_eq!(props("hub-server", &[]), BTreeMap::new());
 }
 
 #[test]
@@ -477,6 +522,13 @@ async fn install_upgrade_uninstall_in_mesh_and_hub() {
                 .iter()
                 .any(|o| o.starts_with("Service/mcs-system/mcs-dns")),
             "{installed:?}"
+        );
+        // The cluster id's ClusterProperty where the values give the id (mesh's do).
+        let property = format!("ClusterProperty//{}", mcs_core::api::CLUSTER_ID_PROPERTY);
+        assert_eq!(
+            installed.contains(&property),
+            mode == "mesh",
+            "{name} {mode}: {property}: {installed:?}"
         );
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
         let crd = crds
