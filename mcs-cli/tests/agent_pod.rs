@@ -156,7 +156,7 @@ async fn installed(lab: &mut Lab) {
     )
     .await;
     for (vip, pods) in [
-        (support::node::CLUSTER_DNS.to_owned(), [coredns].into()),
+        (lab.kubelet(0).cluster_dns().to_string(), [coredns].into()),
         (dns_ip.clone(), mcs_dns),
     ] {
         lab.wait_kube_proxy_endpoints(0, format!("{vip}:53").parse().unwrap(), &pods)

@@ -17,7 +17,10 @@
 //! through north's kube-proxy, and one through `mcs-client` with the Kubernetes resolver
 //! (the Pod's ServiceAccount reads the imports and slices), which dials the Pods of east
 //! and west itself. Both are answered by Pods of both clusters, over the lab's routes
-//! between nodes.
+//! between nodes. The checkout through `mcs-client` goes on calling while east scales to 0
+//! (then only west answers) and west rolls out to new Pods (then only those answer), and
+//! none of its calls fails. Last, what a user sees: `kubectl get serviceimports` in north
+//! and `kubectl mcs check` of the three members, which passes.
 //!
 //! Needs root and what `scripts/test.sh` installs (kubelet, containerd, helm, umoci,
 //! skopeo), and the seed's programs built beside `mcs-agent` (`cargo test --workspace`,
@@ -31,9 +34,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use mcs_core::api::v1beta1::ServiceImport;
 use support::netlab::{LAB_DUMMY, Lab};
 
@@ -44,9 +47,9 @@ const NS: &str = "loyalty";
 const SERVICE: &str = "loyalty-accrual";
 /// The identity every member's agent reads its peers with.
 const PEER_USER: &str = "mcs-peer";
-/// The fixed ClusterIP of north's DNS Service, so that the chart renders its CoreDNS server
-/// block at install.
-const NORTH_DNS_IP: &str = "10.0.0.53";
+/// The fixed ClusterIP of north's DNS Service (this address of north's service CIDR), so
+/// that the chart renders its CoreDNS server block at install.
+const NORTH_DNS_HOST: u32 = 53;
 /// Calls each checkout Pod makes. kube-proxy picks a backend at random for each connection
 /// of the plain client: seven backends, 3 in east and 4 in west, so one cluster missing by
 /// chance has odds under (4/7)^30, 5 in 10^8.
@@ -55,6 +58,8 @@ const CALLS: usize = 30;
 const PORT: u16 = 9443;
 /// Backends in each serving cluster.
 const REPLICAS: [(&str, usize); 2] = [("east", 3), ("west", 4)];
+/// The checkout Pod through mcs-client, which calls until the test stops it.
+const CHECKOUT: &str = "checkout-mcs";
 /// The image of the seed's programs (`loyalty-accrual`, `checkout`), made by the test.
 const SEED_IMAGE: &str = "localhost/mcs-seed:1";
 
@@ -238,7 +243,8 @@ async fn clusterset(lab: &mut Lab, topology: Topology) {
             }
         }
         if name == "north" {
-            values["dns"]["service"] = serde_json::json!({ "clusterIP": NORTH_DNS_IP });
+            let dns_ip = support::service_address(cluster.service_cidr(), NORTH_DNS_HOST);
+            values["dns"]["service"] = serde_json::json!({ "clusterIP": dns_ip.to_string() });
             values["coredns"] = serde_json::json!({ "snippetConfigMap": { "enabled": true } });
         }
         helm_install(cluster, RELEASE, &values, scratch.path());
@@ -329,11 +335,11 @@ async fn clusterset(lab: &mut Lab, topology: Topology) {
         ),
     };
     let ip: std::net::Ipv4Addr = si.spec.ips.unwrap()[0].parse().unwrap();
+    let north_cidr = clusters[2].service_cidr();
     assert_eq!(
         ip.octets()[..3],
-        [10, 0, 0],
-        "the ClusterSetIP {ip} comes from north's service CIDR {}",
-        support::SERVICE_CIDR
+        support::service_address(north_cidr, 0).octets()[..3],
+        "the ClusterSetIP {ip} comes from north's service CIDR {north_cidr}"
     );
     // north's kube-proxy routes it to every backend: the agent wrote the endpoints of both
     // clusters into north.
@@ -353,21 +359,17 @@ async fn clusterset(lab: &mut Lab, topology: Topology) {
     // A Pod in north resolves the name the normal way and is answered from both clusters.
     support::cluster_dns::deploy(north, lab.kubelet(2), "mcs-coredns").await;
     let coredns = support::cluster_dns::pod_ips(north, "kube-system", "k8s-app=kube-dns").await;
-    lab.wait_kube_proxy_endpoints(
-        2,
-        format!("{}:53", support::node::CLUSTER_DNS)
-            .parse()
-            .unwrap(),
-        &coredns,
-    )
-    .await;
+    let cluster_dns = lab.kubelet(2).cluster_dns();
+    lab.wait_kube_proxy_endpoints(2, (cluster_dns, 53).into(), &coredns)
+        .await;
     let mcs_dns = support::cluster_dns::pod_ips(
         north,
         RELEASE_NS,
         "app.kubernetes.io/component=dns,app.kubernetes.io/instance=mcs",
     )
     .await;
-    lab.wait_kube_proxy_endpoints(2, format!("{NORTH_DNS_IP}:53").parse().unwrap(), &mcs_dns)
+    let north_dns = support::service_address(clusters[2].service_cidr(), NORTH_DNS_HOST);
+    lab.wait_kube_proxy_endpoints(2, (north_dns, 53).into(), &mcs_dns)
         .await;
     let name = format!("{SERVICE}.{NS}.svc.clusterset.local");
     let pods: BTreeMap<String, &str> = backends
@@ -404,37 +406,154 @@ async fn clusterset(lab: &mut Lab, topology: Topology) {
     );
 
     // The checkout through mcs-client: the Pods' addresses from north's imports (its
-    // ServiceAccount may read them), each call balanced and dialled by the client.
+    // ServiceAccount may read them), each call balanced and dialled by the client. It calls
+    // all along, every 20 ms, until the test creates the file `stop` in a folder it mounts,
+    // while east scales to 0 and west rolls out to new Pods; no call may fail.
     grant_import_reader(north, "checkout").await;
+    let signal = scratch.path().join("signal");
+    std::fs::create_dir(&signal).unwrap();
     let container = serde_json::json!({
         "image": SEED_IMAGE,
-        "command": ["/usr/local/bin/checkout", "mcs", CALLS.to_string()],
+        "command": ["/usr/local/bin/checkout", "mcs", "--until", "/signal/stop"],
         "env": [{ "name": "CLUSTER", "value": "north" }],
+        "volumeMounts": [{ "name": "signal", "mountPath": "/signal", "readOnly": true }],
     });
-    let (ok, out) = support::cluster_dns::run_container_to_completion(
+    let volume = serde_json::json!({
+        "name": "signal",
+        "hostPath": { "path": signal, "type": "Directory" },
+    });
+    support::cluster_dns::start_container(
         north,
         lab.kubelet(2),
         NS,
-        "checkout-mcs",
+        CHECKOUT,
         container,
         Some("checkout"),
-        None,
+        Some(volume),
     )
     .await;
-    let stdout = container_stdout(&out);
-    assert!(
-        ok,
-        "every call of the mcs-client checkout was answered:\n{out}"
+    let stdout = checkout_answers(north, lab.kubelet(2), 0, CALLS, "from the start").await;
+    assert_answered_by(
+        &answers(&stdout)[..CALLS],
+        &pods,
+        &["east", "west"],
+        "the checkout through mcs-client",
+        &stdout.join("\n"),
     );
-    assert_answered(&stdout, &pods, "the checkout through mcs-client", &out);
+
+    // east scales to 0: once its Pods are gone and north's slices have none of them, every
+    // answer is west's.
+    let east = &clients[0];
+    support::scale_deployment(east, NS, SERVICE, 0).await;
+    wait_until("east has no loyalty-accrual Pod", || async move {
+        Api::<Pod>::namespaced(east.clone(), NS)
+            .list(&ListParams::default().labels(&format!("app={SERVICE}")))
+            .await
+            .is_ok_and(|l| l.items.is_empty())
+    })
+    .await;
+    let west_only = &BTreeMap::from([("west".to_owned(), backends["west"].clone())]);
+    wait_until("north's slices have only west's endpoints", || async move {
+        endpoints_by_source(north).await == *west_only
+    })
+    .await;
+    let west_pods: BTreeMap<String, &str> = backends["west"]
+        .iter()
+        .map(|ip| (format!("{ip}:{PORT}"), "west"))
+        .collect();
+    // What it has written by now (answers from before the event may name east's Pods).
+    let from = checkout_answers(north, lab.kubelet(2), 0, 0, "east scaled to 0")
+        .await
+        .len();
+    let stdout = checkout_answers(north, lab.kubelet(2), from, CALLS, "east scaled to 0").await;
+    assert_answered_by(
+        &answers(&stdout[from..]),
+        &west_pods,
+        &["west"],
+        "the checkout after east scaled to 0",
+        &stdout.join("\n"),
+    );
+
+    // west rolls out to new Pods (new addresses): once north's slices have only the new
+    // ones, they answer.
+    let west = &clients[1];
+    Api::<Deployment>::namespaced(west.clone(), NS)
+        .patch(
+            SERVICE,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "spec": { "template": { "metadata": {
+                "annotations": { "mcs.test/rollout": "1" } } } } })),
+        )
+        .await
+        .unwrap();
+    let old = &backends["west"];
+    let west_replicas = REPLICAS[1].1;
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let new = loop {
+        // Every Pod of the Deployment, terminating or not, is a new one and ready.
+        let all = Api::<Pod>::namespaced(west.clone(), NS)
+            .list(&ListParams::default().labels(&format!("app={SERVICE}")))
+            .await
+            .map(|l| l.items.len())
+            .unwrap_or_default();
+        let ready = support::cluster_dns::pod_ips(west, NS, &format!("app={SERVICE}")).await;
+        if all == west_replicas && ready.len() == west_replicas && ready.is_disjoint(old) {
+            break ready;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "west's rollout to {west_replicas} new Pods: not within 120 s ({all} Pods, ready: \
+             {ready:?}, before: {old:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let west_new = &BTreeMap::from([("west".to_owned(), new.clone())]);
+    wait_until(
+        "north's slices have west's new endpoints only",
+        || async move { endpoints_by_source(north).await == *west_new },
+    )
+    .await;
+    let new_pods: BTreeMap<String, &str> = new
+        .iter()
+        .map(|ip| (format!("{ip}:{PORT}"), "west"))
+        .collect();
+    let from = checkout_answers(north, lab.kubelet(2), 0, 0, "west rolled out")
+        .await
+        .len();
+    let stdout = checkout_answers(north, lab.kubelet(2), from, CALLS, "west rolled out").await;
+    assert_answered_by(
+        &answers(&stdout[from..]),
+        &new_pods,
+        &["west"],
+        "the checkout after west's rollout",
+        &stdout.join("\n"),
+    );
+
+    // Stopped: it made every call and none failed.
+    std::fs::write(signal.join("stop"), "").unwrap();
+    let (ok, out) =
+        support::cluster_dns::container_finished(north, lab.kubelet(2), NS, CHECKOUT).await;
+    let stdout = container_stdout(&out);
+    let last = stdout.last().copied().unwrap_or_default();
+    assert!(
+        ok && last.ends_with(" answered 0 failed"),
+        "the mcs-client checkout had every call answered, through east's scale-down and \
+         west's rollout:\n{out}"
+    );
 
     // What a user sees with kubectl: north's import.
     let kubeconfig =
         std::env::join_paths(clusters.iter().map(|c| c.kubeconfig_path())).expect("kubeconfigs");
+    // kubectl finds the plugin kubectl-mcs on PATH, beside mcs-agent.
+    let path = std::env::join_paths(std::iter::once(bin_dir.to_path_buf()).chain(
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+    ))
+    .unwrap();
     let kubectl = |args: &[&str]| {
         let out = std::process::Command::new(support::bin_dir().join("kubectl"))
             .args(args)
             .env("KUBECONFIG", &kubeconfig)
+            .env("PATH", &path)
             .stdin(std::process::Stdio::null())
             .output()
             .expect("run kubectl");
@@ -451,6 +570,23 @@ async fn clusterset(lab: &mut Lab, topology: Topology) {
         ok && row.is_some_and(|r| r.contains("ClusterSetIP") && r.contains(&ip.to_string())),
         "kubectl get serviceimports -n {NS} --context north shows {SERVICE} as ClusterSetIP \
          {ip}:\n{imports}"
+    );
+    // And the plugin's pre-flight checks of the three members pass: the chart's agents,
+    // CRDs, ClusterProperties and RBAC, north's CoreDNS forwarding clusterset.local, no
+    // overlapping ranges.
+    let (ok, report) = kubectl(&[
+        "mcs",
+        "check",
+        "--context",
+        "east",
+        "--context",
+        "west",
+        "--context",
+        "north",
+    ]);
+    assert!(
+        ok && report.contains("PASSED: 0 problem(s)"),
+        "kubectl mcs check of east, west and north:\n{report}"
     );
 }
 
@@ -487,33 +623,112 @@ fn container_stdout(log: &str) -> Vec<&str> {
         .collect()
 }
 
-/// Checks that `stdout` (the seed's `checkout`) has `CALLS` answers, each from one of
-/// `pods` (`<pod IP>:<port>` → cluster) and naming that Pod's cluster, and answers from both
-/// serving clusters.
-fn assert_answered(stdout: &[&str], pods: &BTreeMap<String, &str>, who: &str, log: &str) {
-    // `answer <cluster> <pod address> <attempts>`
-    let answers: Vec<(&str, &str)> = stdout
+/// The `answer <cluster> <pod address> <attempts>` lines of the seed's `checkout`, as
+/// (cluster, pod address).
+fn answers<S: AsRef<str>>(stdout: &[S]) -> Vec<(&str, &str)> {
+    stdout
         .iter()
-        .filter_map(|l| l.strip_prefix("answer "))
+        .filter_map(|l| l.as_ref().strip_prefix("answer "))
         .filter_map(|a| {
             let mut words = a.split_whitespace();
             Some((words.next()?, words.next()?))
         })
-        .collect();
+        .collect()
+}
+
+/// Checks that `stdout` (the seed's `checkout`) has `CALLS` answers, each from one of
+/// `pods` (`<pod IP>:<port>` → cluster) and naming that Pod's cluster, and answers from both
+/// serving clusters.
+fn assert_answered<S: AsRef<str>>(
+    stdout: &[S],
+    pods: &BTreeMap<String, &str>,
+    who: &str,
+    log: &str,
+) {
+    let answers = answers(stdout);
     assert_eq!(answers.len(), CALLS, "{who}: every call answered:\n{log}");
-    for (cluster, pod) in &answers {
+    assert_answered_by(&answers, pods, &["east", "west"], who, log);
+}
+
+/// Checks that each of `answers` comes from one of `pods` (`<pod IP>:<port>` → cluster) and
+/// names that Pod's cluster, and that `clusters` answered, no other.
+fn assert_answered_by(
+    answers: &[(&str, &str)],
+    pods: &BTreeMap<String, &str>,
+    clusters: &[&str],
+    who: &str,
+    log: &str,
+) {
+    for (cluster, pod) in answers {
         assert_eq!(
             pods.get(*pod),
             Some(cluster),
-            "{who}: {pod} answered as a Pod of {cluster}; the backends are {pods:?}"
+            "{who}: {pod} answered as a Pod of {cluster}; the backends are {pods:?}:\n{log}"
         );
     }
-    let clusters: BTreeSet<&str> = answers.iter().map(|(c, _)| *c).collect();
+    let answered: BTreeSet<&str> = answers.iter().map(|(c, _)| *c).collect();
     assert_eq!(
-        clusters,
-        BTreeSet::from(["east", "west"]),
-        "{who}: {CALLS} calls answered by:\n{log}"
+        answered,
+        clusters.iter().copied().collect(),
+        "{who}: {} calls answered by:\n{log}",
+        answers.len()
     );
+}
+
+/// Waits until the running checkout Pod [`CHECKOUT`] has written `n` answers after the first
+/// `from` lines of its output, and returns its output lines (whole lines only). Panics, with
+/// the Pod's status and log, as soon as a call failed, or after 120 s.
+async fn checkout_answers(
+    client: &kube::Client,
+    node: &support::node::KubeletNode,
+    from: usize,
+    n: usize,
+    when: &str,
+) -> Vec<String> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let log = node.container_output(NS, &format!("{CHECKOUT}_"), "run");
+        // A line kubelet is still writing is left for the next look.
+        let whole = &log[..log.rfind('\n').map_or(0, |end| end + 1)];
+        let stdout: Vec<String> = container_stdout(whole)
+            .into_iter()
+            .map(String::from)
+            .collect();
+        let failed: Vec<&String> = stdout.iter().filter(|l| l.starts_with("failed ")).collect();
+        assert!(
+            failed.is_empty(),
+            "the mcs-client checkout ({when}): calls failed: {failed:?}\n{}",
+            support::cluster_dns::pod_report(client, node, NS, CHECKOUT).await
+        );
+        if stdout.len() >= from && answers(&stdout[from..]).len() >= n {
+            return stdout;
+        }
+        if std::time::Instant::now() > deadline {
+            panic!(
+                "the mcs-client checkout ({when}): {} of {n} answers after line {from} in \
+                 120 s; {}",
+                answers(stdout.get(from..).unwrap_or_default()).len(),
+                support::cluster_dns::pod_report(client, node, NS, CHECKOUT).await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Polls `condition` every 100 ms until it holds; panics naming `what` after 120 s.
+async fn wait_until<F, Fut>(what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !condition().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: not within 120 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// ServiceAccount `ns/<name>` in north, allowed what `mcs_kube::resolver::KubeResolver`
@@ -523,10 +738,7 @@ async fn grant_import_reader(client: &kube::Client, name: &str) {
     use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
     let sa: ServiceAccount =
         serde_json::from_value(serde_json::json!({ "metadata": { "name": name } })).unwrap();
-    Api::<ServiceAccount>::namespaced(client.clone(), NS)
-        .create(&PostParams::default(), &sa)
-        .await
-        .unwrap();
+    support::create(client, NS, &sa).await;
     let role: Role = serde_json::from_value(serde_json::json!({
         "metadata": { "name": name },
         "rules": [
@@ -537,20 +749,14 @@ async fn grant_import_reader(client: &kube::Client, name: &str) {
         ],
     }))
     .unwrap();
-    Api::<Role>::namespaced(client.clone(), NS)
-        .create(&PostParams::default(), &role)
-        .await
-        .unwrap();
+    support::create(client, NS, &role).await;
     let binding: RoleBinding = serde_json::from_value(serde_json::json!({
         "metadata": { "name": name },
         "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name },
         "subjects": [{ "kind": "ServiceAccount", "name": name, "namespace": NS }],
     }))
     .unwrap();
-    Api::<RoleBinding>::namespaced(client.clone(), NS)
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap();
+    support::create(client, NS, &binding).await;
 }
 
 /// Waits until Deployment `ns/name` has `replicas` available Pods; panics with `log()`.

@@ -31,6 +31,27 @@ pub const KCM_CONTROLLERS: &str = "endpointslice-controller,endpointslice-mirror
 /// (ClusterIPs are allocated from it).
 pub const SERVICE_CIDR: &str = "10.0.0.0/24";
 
+/// The service CIDR of the `index`-th cluster of [`start_clusters_with`] with
+/// [`ClusterOptions::kubelet_nodes`]: `10.0.<index>.0/24`, so that the members of a ClusterSet
+/// of real nodes have distinct ranges, as `kubectl mcs check` wants (the first is
+/// [`SERVICE_CIDR`]).
+pub fn service_cidr_for(index: usize) -> String {
+    assert!(index < 256, "service_cidr_for: index {index} too large");
+    format!("10.0.{index}.0/24")
+}
+
+/// The `n`-th address of the first (IPv4) range of `cidrs` (`a.b.c.d/p[,v6]`), e.g. the
+/// `kubernetes` Service's ClusterIP (`n` = 1).
+pub fn service_address(cidrs: &str, n: u32) -> std::net::Ipv4Addr {
+    let first = cidrs.split(',').next().unwrap_or_default();
+    let network: std::net::Ipv4Addr = first
+        .split('/')
+        .next()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("service CIDR {cidrs:?}: no IPv4 range first"));
+    std::net::Ipv4Addr::from(u32::from(network) + n)
+}
+
 /// The service CIDR of [`ClusterOptions::with_dual_stack`]: [`SERVICE_CIDR`] and an IPv6
 /// range.
 pub const DUAL_STACK_SERVICE_CIDR: &str = "10.0.0.0/24,fd00:10:96::/112";
@@ -77,7 +98,9 @@ pub struct ClusterOptions {
     /// admission plugin, and the controller manager's ServiceAccount and `kube-root-ca.crt`
     /// publishers). Only inside a [`Lab`] (the start panics elsewhere: the API server must
     /// not listen on the host's addresses); needs [`ClusterOptions::pod_cidr`] or
-    /// [`ClusterOptions::pods`] for the nodes' Pod ranges.
+    /// [`ClusterOptions::pods`] for the nodes' Pod ranges. Left at [`SERVICE_CIDR`], the
+    /// service CIDR of the `i`-th cluster of [`start_clusters_with`] is
+    /// [`service_cidr_for`]`(i)`, so that the members of a ClusterSet do not overlap.
     ///
     /// [`LAB_DUMMY`]: super::netlab::LAB_DUMMY
     /// [`Lab`]: super::netlab::Lab
@@ -192,6 +215,9 @@ pub async fn start_clusters_with(names: &[&str], opts: ClusterOptions) -> Vec<Te
         // The first cluster carries the permit for the whole group.
         let p = if i == 0 { permit.take() } else { None };
         let mut opts = opts.clone();
+        if opts.kubelet_nodes && opts.service_cidr == SERVICE_CIDR {
+            opts.service_cidr = service_cidr_for(i);
+        }
         if opts.pods && opts.pod_cidr.is_none() {
             opts.pod_cidr = Some(if opts.dual_stack {
                 dual_stack_pod_cidr_for(i)
@@ -279,6 +305,11 @@ impl TestCluster {
     /// The name given to [`start_clusters`] (also the kubeconfig cluster/context name).
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The API server's `--service-cluster-ip-range`.
+    pub fn service_cidr(&self) -> &str {
+        &self.opts.service_cidr
     }
 
     /// `https://127.0.0.1:<port>` of the API server.
@@ -490,7 +521,7 @@ impl TestCluster {
         let t0 = Instant::now();
         let dir = scratch_dir(name);
         let path = dir.path().to_path_buf();
-        let pki = Pki::generate(name);
+        let pki = Pki::generate(name, service_address(&opts.service_cidr, 1));
         pki.write(&path);
         let mut cluster = TestCluster {
             name: name.to_string(),

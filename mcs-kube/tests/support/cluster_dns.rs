@@ -1,10 +1,10 @@
 //! A cluster's own DNS on a real node: CoreDNS (the binary `scripts/kwok-coredns-bins.sh`
 //! builds, packed into an image here) as a Deployment in `kube-system` behind the Service
-//! `kube-dns` at [`CLUSTER_DNS`], serving `cluster.local` with the `kubernetes` plugin and
+//! `kube-dns` at [`KubeletNode::cluster_dns`], serving `cluster.local` with the `kubernetes` plugin and
 //! importing the server blocks of a ConfigMap (`import /etc/coredns/custom/*.server`, the
 //! convention of AKS's and k3s's `coredns-custom`), where charts such as `charts/mcs` put
 //! theirs. Pods then resolve through it the normal way: kubelet points their resolv.conf at
-//! [`CLUSTER_DNS`]. And [`run_to_completion`], a Pod that runs a command once and its output.
+//! that address. And [`run_to_completion`], a Pod that runs a command once and its output.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -17,7 +17,7 @@ use serde::de::DeserializeOwned;
 
 use super::bins::coredns_bin;
 use super::kwok::deployment_available;
-use super::node::{BUSYBOX_IMAGE, CLUSTER_DNS, KubeletNode, pack_image};
+use super::node::{BUSYBOX_IMAGE, KubeletNode, pack_image};
 
 /// The CoreDNS image [`deploy`] imports into the node.
 pub const COREDNS_IMAGE: &str = "localhost/mcs-coredns:1";
@@ -56,7 +56,7 @@ where
 /// `*.server` keys of the ConfigMap `kube-system/<custom>` (optional: it may come later, but
 /// CoreDNS reads it when it starts), and waits until its Pod is Ready (its `ready` plugin:
 /// every plugin, the `kubernetes` one included, has synced). Returns its Pod's IP: wait for
-/// the node's kube-proxy to route [`CLUSTER_DNS`] there
+/// the node's kube-proxy to route [`KubeletNode::cluster_dns`] there
 /// ([`Lab::wait_kube_proxy_endpoints`](super::netlab::Lab::wait_kube_proxy_endpoints))
 /// before a Pod resolves.
 pub async fn deploy(client: &kube::Client, node: &KubeletNode, custom: &str) -> String {
@@ -162,7 +162,7 @@ pub async fn deploy(client: &kube::Client, node: &KubeletNode, custom: &str) -> 
         serde_json::json!({
             "metadata": { "name": "kube-dns", "labels": labels },
             "spec": {
-                "clusterIP": CLUSTER_DNS,
+                "clusterIP": node.cluster_dns().to_string(),
                 "selector": labels,
                 "ports": [
                     { "name": "dns", "port": 53, "protocol": "UDP", "targetPort": 53 },
@@ -230,10 +230,26 @@ pub async fn run_container_to_completion(
     node: &KubeletNode,
     ns: &str,
     name: &str,
-    mut container: serde_json::Value,
+    container: serde_json::Value,
     service_account: Option<&str>,
     volume: Option<serde_json::Value>,
 ) -> (bool, String) {
+    start_container(client, node, ns, name, container, service_account, volume).await;
+    container_finished(client, node, ns, name).await
+}
+
+/// Creates the Pod of [`run_container_to_completion`] and returns at once; read what it
+/// writes with [`KubeletNode::container_output`] (`name`, container `run`) and wait for its
+/// end with [`container_finished`].
+pub async fn start_container(
+    client: &kube::Client,
+    node: &KubeletNode,
+    ns: &str,
+    name: &str,
+    mut container: serde_json::Value,
+    service_account: Option<&str>,
+    volume: Option<serde_json::Value>,
+) {
     container["name"] = "run".into();
     container["imagePullPolicy"] = "Never".into();
     let pods = Api::<Pod>::namespaced(client.clone(), ns);
@@ -253,6 +269,17 @@ pub async fn run_container_to_completion(
         }),
     )
     .await;
+}
+
+/// Waits until Pod `ns/name` of [`start_container`] has ended; returns whether it exited 0
+/// and its output, read from kubelet's log files.
+pub async fn container_finished(
+    client: &kube::Client,
+    node: &KubeletNode,
+    ns: &str,
+    name: &str,
+) -> (bool, String) {
+    let pods = Api::<Pod>::namespaced(client.clone(), ns);
     let done = kube::runtime::wait::await_condition(pods.clone(), name, |p: Option<&Pod>| {
         p.and_then(|p| p.status.as_ref())
             .and_then(|s| s.phase.as_deref())
@@ -261,13 +288,45 @@ pub async fn run_container_to_completion(
     let phase = match tokio::time::timeout(Duration::from_secs(180), done).await {
         Ok(Ok(Some(p))) => p.status.and_then(|s| s.phase).unwrap_or_default(),
         other => panic!(
-            "Pod {ns}/{name} never finished ({other:?}); its log:\n{}\nkubelet:\n{}",
-            node.container_logs(ns, &format!("{name}_"), "run", 30),
-            node.log_tail("kubelet", 20)
+            "Pod {ns}/{name} never finished ({other:?}); {}",
+            pod_report(client, node, ns, name).await
         ),
     };
     (
         phase == "Succeeded",
         node.container_logs(ns, &format!("{name}_"), "run", 5000),
+    )
+}
+
+/// What a failure message needs about Pod `ns/name` of [`start_container`]: its status, the
+/// namespace's events about it, the end of its log and of kubelet's.
+pub async fn pod_report(client: &kube::Client, node: &KubeletNode, ns: &str, name: &str) -> String {
+    use k8s_openapi::api::core::v1::Event;
+    let status = match Api::<Pod>::namespaced(client.clone(), ns).get(name).await {
+        Ok(p) => serde_json::to_string_pretty(&p.status).unwrap_or_default(),
+        Err(e) => format!("(reading it: {e})"),
+    };
+    let events = match Api::<Event>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
+        .await
+    {
+        Ok(list) => list
+            .items
+            .iter()
+            .map(|e| {
+                format!(
+                    "{} {}: {}\n",
+                    e.type_.as_deref().unwrap_or_default(),
+                    e.reason.as_deref().unwrap_or_default(),
+                    e.message.as_deref().unwrap_or_default()
+                )
+            })
+            .collect::<String>(),
+        Err(e) => format!("(listing them: {e})"),
+    };
+    format!(
+        "Pod {ns}/{name}'s status:\n{status}\nits events:\n{events}its log:\n{}\nkubelet:\n{}",
+        node.container_logs(ns, &format!("{name}_"), "run", 30),
+        node.log_tail("kubelet", 30)
     )
 }

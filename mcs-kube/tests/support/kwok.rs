@@ -389,7 +389,6 @@ pub async fn wait_ready_pods(client: &Client, ns: &str, selector: &str, n: usize
     .await
 }
 
-/// Sets `spec.replicas` of Deployment `ns/name` through its scale subresource.
 /// Waits until Deployment `ns/name` has `replicas` available Pods (watched), for at most
 /// `timeout`; false if it did not, so that the caller can say why in its panic.
 pub async fn deployment_available(
@@ -407,6 +406,7 @@ pub async fn deployment_available(
     matches!(tokio::time::timeout(timeout, done).await, Ok(Ok(_)))
 }
 
+/// Sets `spec.replicas` of Deployment `ns/name` through its scale subresource.
 pub async fn scale_deployment(client: &Client, ns: &str, name: &str, replicas: i32) {
     scale::<Deployment>(client, ns, name, replicas).await;
 }

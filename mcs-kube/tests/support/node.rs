@@ -42,12 +42,10 @@ pub const PAUSE_IMAGE: &str = "localhost/mcs-pause:1";
 /// A static busybox (`/bin/busybox`, with links for its applets in `/bin`): for test Pods.
 pub const BUSYBOX_IMAGE: &str = "localhost/mcs-busybox:1";
 
-/// kubelet's `clusterDNS`: the nameserver of Pods with `dnsPolicy: ClusterFirst` (the
-/// default), searching `<namespace>.svc.cluster.local`, `svc.cluster.local` and
-/// `cluster.local`. An address of [`SERVICE_CIDR`](super::SERVICE_CIDR) that nothing
-/// allocates: [`super::cluster_dns::deploy`] gives CoreDNS's Service this ClusterIP, as a
-/// cluster's installer does.
-pub const CLUSTER_DNS: &str = "10.0.0.10";
+/// kubelet's `clusterDNS` ([`KubeletNode::cluster_dns`]) is this address of the cluster's
+/// service CIDR, one that nothing allocates: [`super::cluster_dns::deploy`] gives CoreDNS's
+/// Service this ClusterIP, as a cluster's installer does.
+const CLUSTER_DNS_HOST: u32 = 10;
 
 /// Where the CNI plugins are (Debian's `containernetworking-plugins`).
 const CNI_BIN: &str = "/usr/lib/cni";
@@ -59,6 +57,7 @@ const CGROUP_PREFIX: &str = "mcs-node-";
 pub struct KubeletNode {
     name: String,
     pod_cidr: String,
+    cluster_dns: std::net::Ipv4Addr,
     dir: tempfile::TempDir,
     cgroup_root: String,
     containerd: Option<Child>,
@@ -129,6 +128,7 @@ impl KubeletNode {
         let mut node = KubeletNode {
             name: name.to_owned(),
             pod_cidr: String::new(),
+            cluster_dns: super::service_address(cluster.service_cidr(), CLUSTER_DNS_HOST),
             dir,
             cgroup_root,
             containerd: None,
@@ -175,7 +175,7 @@ impl KubeletNode {
         std::fs::write(root.join("resolv.conf"), "options ndots:5\n").expect("resolv.conf");
         std::fs::write(
             root.join("kubelet.yaml"),
-            kubelet_config(&root, &socket, net, &node.cgroup_root),
+            kubelet_config(&root, &socket, net, &node.cgroup_root, node.cluster_dns),
         )
         .expect("write kubelet.yaml");
         node.kubelet = Some(node.spawn_in(
@@ -220,6 +220,13 @@ impl KubeletNode {
     /// The Node's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// kubelet's `clusterDNS`: the nameserver of Pods with `dnsPolicy: ClusterFirst` (the
+    /// default), searching `<namespace>.svc.cluster.local`, `svc.cluster.local` and
+    /// `cluster.local`; the 10th address of the cluster's service CIDR.
+    pub fn cluster_dns(&self) -> std::net::Ipv4Addr {
+        self.cluster_dns
     }
 
     /// Imports the image(s) of a docker-archive into the node's containerd, where its Pods
@@ -856,7 +863,13 @@ fn cni_config(network: &str, pod_cidr: &str, root: &Path) -> String {
     .to_string()
 }
 
-fn kubelet_config(root: &Path, socket: &Path, net: &NodeNetwork, cgroup_root: &str) -> String {
+fn kubelet_config(
+    root: &Path,
+    socket: &Path,
+    net: &NodeNetwork,
+    cgroup_root: &str,
+    dns: std::net::Ipv4Addr,
+) -> String {
     let r = root.display();
     format!(
         r#"apiVersion: kubelet.config.k8s.io/v1beta1
@@ -904,7 +917,6 @@ localStorageCapacityIsolation: false
 "#,
         s = socket.display(),
         ip = net.node_ip,
-        dns = CLUSTER_DNS,
     )
 }
 

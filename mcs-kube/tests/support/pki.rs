@@ -64,8 +64,9 @@ fn issue_client(issuer: &Issuer<'_, KeyPair>, user: &str, groups: &[&str]) -> (S
 }
 
 impl Pki {
-    /// Fresh certificates for cluster `name`.
-    pub(super) fn generate(name: &str) -> Pki {
+    /// Fresh certificates for cluster `name`, whose `kubernetes` Service has the ClusterIP
+    /// `service_ip` (the server certificate names it, as Pods reach the API server there).
+    pub(super) fn generate(name: &str, service_ip: std::net::Ipv4Addr) -> Pki {
         let ca_key = KeyPair::generate().unwrap();
         let ca = ca_params(name);
         let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
@@ -76,7 +77,7 @@ impl Pki {
         let mut server = CertificateParams::new(vec![
             "127.0.0.1".to_string(),
             "localhost".into(),
-            "10.0.0.1".into(),
+            service_ip.to_string(),
             // The lab's address, where Pods on real nodes reach every cluster's API server
             // (their own through the `kubernetes` Service, their peers' directly).
             super::netlab::LAB_DUMMY.to_string(),
