@@ -529,6 +529,70 @@ async fn clusterset(lab: &mut Lab, topology: Topology) {
         &stdout.join("\n"),
     );
 
+    // helm upgrade of north's release with a changed value rolls its agent to a new Pod.
+    // Through it north's import and slices stay (watched: the import never deleted, the
+    // slices never without an endpoint), the checkout's calls go on, and then the new agent
+    // follows a change (west scaled to 3).
+    let watched = watch_import_and_slices(north);
+    let agents = Api::<Pod>::namespaced(north.clone(), RELEASE_NS);
+    let agent_selector = "app.kubernetes.io/component=agent,app.kubernetes.io/instance=mcs";
+    let old_agents: BTreeSet<String> = agents
+        .list(&ListParams::default().labels(agent_selector))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter_map(|p| p.metadata.uid.clone())
+        .collect();
+    support::helm_mcs_chart(
+        &clusters[2],
+        scratch.path(),
+        &[
+            "upgrade",
+            "--reuse-values",
+            "--set",
+            "agent.logLevel=debug",
+            "--wait=hookOnly",
+        ],
+        RELEASE,
+        RELEASE_NS,
+    );
+    wait_until("north's agent rolled to a new, ready Pod", || async {
+        let Ok(list) = agents
+            .list(&ListParams::default().labels(agent_selector))
+            .await
+        else {
+            return false;
+        };
+        list.items.len() == 1
+            && list.items.iter().all(|p| {
+                !old_agents.contains(p.metadata.uid.as_deref().unwrap_or_default())
+                    && p.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            })
+    })
+    .await;
+    support::scale_deployment(west, NS, SERVICE, 3).await;
+    wait_until("north's slices follow west's scale-down to 3", || async {
+        let by_source = endpoints_by_source(north).await;
+        by_source.len() == 1
+            && by_source
+                .get("west")
+                .is_some_and(|ips| ips.len() == 3 && ips.is_subset(&new))
+    })
+    .await;
+    let trouble = watched.stop().await;
+    assert!(
+        trouble.is_empty(),
+        "north's import and slices through helm upgrade: {trouble:#?}"
+    );
+    let from = checkout_answers(north, lab.kubelet(2), 0, 0, "the upgrade")
+        .await
+        .len();
+    checkout_answers(north, lab.kubelet(2), from, CALLS, "the upgrade").await;
+
     // Stopped: it made every call and none failed.
     std::fs::write(signal.join("stop"), "").unwrap();
     let (ok, out) =
@@ -713,6 +777,81 @@ async fn checkout_answers(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// A watch of north's ServiceImport [`SERVICE`] and its MCS EndpointSlices in [`NS`]; see
+/// [`watch_import_and_slices`].
+struct Watched {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Vec<String>>,
+}
+
+impl Watched {
+    /// Ends the watch; returns what went wrong meanwhile.
+    async fn stop(self) -> Vec<String> {
+        let _ = self.stop.send(());
+        self.task.await.expect("the watch task")
+    }
+}
+
+/// Watches north's import of the service and its MCS EndpointSlices until stopped, noting
+/// each moment the import was deleted or the slices had no endpoint address at all.
+fn watch_import_and_slices(client: &kube::Client) -> Watched {
+    use futures::StreamExt;
+    use kube::runtime::watcher::{self, Event};
+    enum Seen {
+        Import(Event<ServiceImport>),
+        Slice(Event<EndpointSlice>),
+    }
+    let imports = watcher::watcher(
+        Api::<ServiceImport>::namespaced(client.clone(), NS),
+        watcher::Config::default().fields(&format!("metadata.name={SERVICE}")),
+    )
+    .map(|e| e.map(Seen::Import));
+    let slices = watcher::watcher(
+        Api::<EndpointSlice>::namespaced(client.clone(), NS),
+        watcher::Config::default().labels(&format!(
+            "multicluster.kubernetes.io/service-name={SERVICE}"
+        )),
+    )
+    .map(|e| e.map(Seen::Slice));
+    let (stop, mut stopped) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        let mut events = std::pin::pin!(futures::stream::select(imports, slices));
+        let mut trouble = Vec::new();
+        // Endpoint addresses by slice name, once the first listing is done.
+        let mut addresses: BTreeMap<String, usize> = BTreeMap::new();
+        let mut listed = false;
+        loop {
+            let event = tokio::select! {
+                _ = &mut stopped => return trouble,
+                event = events.next() => event,
+            };
+            match event {
+                None => {
+                    trouble.push("the watch ended".to_owned());
+                    return trouble;
+                }
+                Some(Err(e)) => trouble.push(format!("watch error: {e}")),
+                Some(Ok(Seen::Import(Event::Delete(_)))) => {
+                    trouble.push("the ServiceImport was deleted".to_owned())
+                }
+                Some(Ok(Seen::Slice(Event::Apply(slice) | Event::InitApply(slice)))) => {
+                    let n = slice.endpoints.iter().map(|e| e.addresses.len()).sum();
+                    addresses.insert(slice.metadata.name.unwrap_or_default(), n);
+                }
+                Some(Ok(Seen::Slice(Event::Delete(slice)))) => {
+                    addresses.remove(&slice.metadata.name.unwrap_or_default());
+                }
+                Some(Ok(Seen::Slice(Event::InitDone))) => listed = true,
+                Some(Ok(_)) => {}
+            }
+            if listed && addresses.values().sum::<usize>() == 0 {
+                trouble.push(format!("no endpoint in north's slices: {addresses:?}"));
+            }
+        }
+    });
+    Watched { stop, task }
 }
 
 /// Polls `condition` every 100 ms until it holds; panics naming `what` after 120 s.

@@ -158,15 +158,32 @@ impl Heartbeat {
 /// reports (annotations [`HEARTBEAT_READY`] and [`HEARTBEAT_REASON`]) until `shutdown`
 /// completes; then writes it once more as not ready, `stopped`. Failures are logged when
 /// they start and end; they do not stop the heartbeat.
+///
+/// Every process of a cluster (the replicas, and an old and a new Pod during a rollout)
+/// writes the same Lease. So that one stopping does not mark the others down, each watches
+/// the Lease (list and watch of that one name) and renews at once when another wrote
+/// `stopped`.
 pub async fn heartbeat(
     client: kube::Client,
     beat: Heartbeat,
     ready: impl Readiness,
     shutdown: impl Future<Output = ()>,
 ) {
+    use futures::StreamExt;
     use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
     use kube::api::{Api, Patch, PatchParams};
+    use kube::runtime::{WatchStreamExt, watcher};
+
+    /// Whether a process wrote `lease` as it stopped.
+    fn stopped(lease: &Lease) -> bool {
+        lease
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(HEARTBEAT_REASON))
+            .is_some_and(|reason| reason == HEARTBEAT_STOPPED)
+    }
 
     let leases: Api<Lease> = Api::namespaced(client, &beat.namespace);
     let apply = PatchParams::apply("mcs-heartbeat").force();
@@ -194,11 +211,24 @@ pub async fn heartbeat(
     let mut tick = tokio::time::interval((beat.duration / 3).max(Duration::from_millis(100)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut shutdown = std::pin::pin!(shutdown);
+    let mut others = std::pin::pin!(
+        watcher::watcher(
+            leases.clone(),
+            watcher::Config::default().fields(&format!("metadata.name={}", beat.name)),
+        )
+        .default_backoff()
+    );
     let mut failing = false;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             () = &mut shutdown => break,
+            seen = others.next() => match seen {
+                Some(Ok(watcher::Event::Apply(lease) | watcher::Event::InitApply(lease)))
+                    if stopped(&lease) => {}
+                // This process's own renewals, and watch errors (retried with backoff).
+                _ => continue,
+            },
         }
         let result = leases
             .patch(&beat.name, &apply, &Patch::Apply(&lease(ready.check())))

@@ -1089,3 +1089,96 @@ async fn the_dns_server_serves_with_exactly_its_shipped_role_and_servfails_witho
         t0.elapsed()
     );
 }
+
+/// Two agent processes of one cluster (the old and the new Pod of a rollout) renew one
+/// heartbeat Lease as the agent's ServiceAccount, with the shipped roles: when one stops
+/// and writes `stopped`, the other, watching the Lease, renews it at once (its periodic
+/// renewal is an hour away here), so the Lease says ready again; once both stopped, it
+/// says stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_agent_process_does_not_mark_the_running_one_down() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use mcs_kube::admin::{
+        AGENT_HEARTBEAT, HEARTBEAT_READY, HEARTBEAT_REASON, HEARTBEAT_STOPPED, Heartbeat,
+    };
+
+    let cluster = support::start_cluster("heartbeat", support::ClusterOptions::api_only()).await;
+    let admin = cluster.client().await;
+    apply_manifest(&admin, AGENT_DEPLOYMENT, &["Namespace", "ServiceAccount"]).await;
+    apply_manifest(&admin, AGENT_LOCAL, &[]).await;
+    let agent_sa = deployment_identity(AGENT_DEPLOYMENT, AGENT_LOCAL);
+    let client = service_account_client(&cluster, &admin, &agent_sa).await;
+    let ns = agent_sa.0.clone();
+    let beat = Heartbeat::new(&ns, AGENT_HEARTBEAT, "east").duration(Duration::from_secs(3 * 3600));
+    // `ready`: whether the process reports itself ready (the old one does not, so that the
+    // Lease tells which wrote last).
+    let start = |client: &Client, ready: bool| {
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(mcs_kube::admin::heartbeat(
+            client.clone(),
+            beat.clone(),
+            Arc::new(AtomicBool::new(ready)),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        (stop, task)
+    };
+    let annotation = |lease: &Lease, key: &str| {
+        lease
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(key))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), &ns);
+    let wait_lease = |what: &'static str, want: fn(&str, &str) -> bool| {
+        let leases = leases.clone();
+        async move {
+            let cond = kube::runtime::wait::await_condition(
+                leases,
+                AGENT_HEARTBEAT,
+                move |l: Option<&Lease>| {
+                    l.is_some_and(|l| {
+                        want(
+                            &annotation(l, HEARTBEAT_READY),
+                            &annotation(l, HEARTBEAT_REASON),
+                        )
+                    })
+                },
+            );
+            match tokio::time::timeout(Duration::from_secs(60), cond).await {
+                Ok(Ok(Some(lease))) => lease,
+                other => panic!("the heartbeat Lease never became {what}: {other:?}"),
+            }
+        }
+    };
+
+    // Each writes the Lease once when it starts, the new one last.
+    let (stop_old, old) = start(&client, false);
+    wait_lease("written by the old process", |ready, reason| {
+        ready == "false" && reason == "not synced"
+    })
+    .await;
+    let (stop_new, new) = start(&client, true);
+    wait_lease("written by the new process", |ready, _| ready == "true").await;
+    // The old process stops: its last write says stopped; the new one renews it.
+    stop_old.send(()).unwrap();
+    old.await.unwrap();
+    let lease = wait_lease("ready again", |ready, _| ready == "true").await;
+    assert_eq!(annotation(&lease, HEARTBEAT_REASON), "", "{lease:?}");
+    // The new one stops too: nothing renews it any more.
+    stop_new.send(()).unwrap();
+    new.await.unwrap();
+    let lease = leases.get(AGENT_HEARTBEAT).await.unwrap();
+    assert_eq!(
+        (
+            annotation(&lease, HEARTBEAT_READY),
+            annotation(&lease, HEARTBEAT_REASON)
+        ),
+        ("false".to_owned(), HEARTBEAT_STOPPED.to_owned()),
+        "{lease:?}"
+    );
+}
