@@ -457,22 +457,7 @@ async fn clusterset(lab: &mut Lab, topology: Topology) {
         endpoints_by_source(north).await == *west_only
     })
     .await;
-    let west_pods: BTreeMap<String, &str> = backends["west"]
-        .iter()
-        .map(|ip| (format!("{ip}:{PORT}"), "west"))
-        .collect();
-    // What it has written by now (answers from before the event may name east's Pods).
-    let from = checkout_answers(north, lab.kubelet(2), 0, 0, "east scaled to 0")
-        .await
-        .len();
-    let stdout = checkout_answers(north, lab.kubelet(2), from, CALLS, "east scaled to 0").await;
-    assert_answered_by(
-        &answers(&stdout[from..]),
-        &west_pods,
-        &["west"],
-        "the checkout after east scaled to 0",
-        &stdout.join("\n"),
-    );
+    next_answers_from_west(north, lab.kubelet(2), &backends["west"], "east scaled to 0").await;
 
     // west rolls out to new Pods (new addresses): once north's slices have only the new
     // ones, they answer.
@@ -513,21 +498,7 @@ async fn clusterset(lab: &mut Lab, topology: Topology) {
         || async move { endpoints_by_source(north).await == *west_new },
     )
     .await;
-    let new_pods: BTreeMap<String, &str> = new
-        .iter()
-        .map(|ip| (format!("{ip}:{PORT}"), "west"))
-        .collect();
-    let from = checkout_answers(north, lab.kubelet(2), 0, 0, "west rolled out")
-        .await
-        .len();
-    let stdout = checkout_answers(north, lab.kubelet(2), from, CALLS, "west rolled out").await;
-    assert_answered_by(
-        &answers(&stdout[from..]),
-        &new_pods,
-        &["west"],
-        "the checkout after west's rollout",
-        &stdout.join("\n"),
-    );
+    next_answers_from_west(north, lab.kubelet(2), &new, "west rolled out").await;
 
     // helm upgrade of north's release with a changed value rolls its agent to a new Pod.
     // Through it north's import and slices stay (watched: the import never deleted, the
@@ -736,6 +707,30 @@ fn assert_answered_by(
         clusters.iter().copied().collect(),
         "{who}: {} calls answered by:\n{log}",
         answers.len()
+    );
+}
+
+/// Checks that the next [`CALLS`] answers of the running checkout Pod [`CHECKOUT`], after
+/// what it has written by now (earlier answers may name Pods gone since), all come from
+/// `west`'s Pods at these addresses.
+async fn next_answers_from_west(
+    client: &kube::Client,
+    node: &support::node::KubeletNode,
+    west: &BTreeSet<String>,
+    when: &str,
+) {
+    let pods: BTreeMap<String, &str> = west
+        .iter()
+        .map(|ip| (format!("{ip}:{PORT}"), "west"))
+        .collect();
+    let from = checkout_answers(client, node, 0, 0, when).await.len();
+    let stdout = checkout_answers(client, node, from, CALLS, when).await;
+    assert_answered_by(
+        &answers(&stdout[from..]),
+        &pods,
+        &["west"],
+        &format!("the checkout after {when}"),
+        &stdout.join("\n"),
     );
 }
 
