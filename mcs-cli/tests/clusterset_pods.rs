@@ -473,8 +473,8 @@ async fn clusterset(lab: &mut Lab, topology: Topology) {
         .unwrap();
     let old = &backends["west"];
     let west_replicas = REPLICAS[1].1;
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    let new = loop {
+    let what = format!("west's rollout to {west_replicas} new Pods (before: {old:?})");
+    let new = support::wait_for(&what, WAIT, || async move {
         // Every Pod of the Deployment, terminating or not, is a new one and ready.
         let all = Api::<Pod>::namespaced(west.clone(), NS)
             .list(&ListParams::default().labels(&format!("app={SERVICE}")))
@@ -482,16 +482,10 @@ async fn clusterset(lab: &mut Lab, topology: Topology) {
             .map(|l| l.items.len())
             .unwrap_or_default();
         let ready = support::cluster_dns::pod_ips(west, NS, &format!("app={SERVICE}")).await;
-        if all == west_replicas && ready.len() == west_replicas && ready.is_disjoint(old) {
-            break ready;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "west's rollout to {west_replicas} new Pods: not within 120 s ({all} Pods, ready: \
-             {ready:?}, before: {old:?})"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+        (all == west_replicas && ready.len() == west_replicas && ready.is_disjoint(old))
+            .then_some(ready)
+    })
+    .await;
     let west_new = &BTreeMap::from([("west".to_owned(), new.clone())]);
     wait_until(
         "north's slices have west's new endpoints only",
@@ -736,7 +730,7 @@ async fn next_answers_from_west(
 
 /// Waits until the running checkout Pod [`CHECKOUT`] has written `n` answers after the first
 /// `from` lines of its output, and returns its output lines (whole lines only). Panics, with
-/// the Pod's status and log, as soon as a call failed, or after 120 s.
+/// the Pod's status and log, as soon as a call failed, or after [`WAIT`].
 async fn checkout_answers(
     client: &kube::Client,
     node: &support::node::KubeletNode,
@@ -744,7 +738,7 @@ async fn checkout_answers(
     n: usize,
     when: &str,
 ) -> Vec<String> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let deadline = std::time::Instant::now() + WAIT;
     loop {
         let log = node.container_output(NS, &format!("{CHECKOUT}_"), "run");
         // A line kubelet is still writing is left for the next look.
@@ -765,7 +759,7 @@ async fn checkout_answers(
         if std::time::Instant::now() > deadline {
             panic!(
                 "the mcs-client checkout ({when}): {} of {n} answers after line {from} in \
-                 120 s; {}",
+                 {WAIT:?}; {}",
                 answers(stdout.get(from..).unwrap_or_default()).len(),
                 support::cluster_dns::pod_report(client, node, NS, CHECKOUT).await
             );
@@ -849,20 +843,20 @@ fn watch_import_and_slices(client: &kube::Client) -> Watched {
     Watched { stop, task }
 }
 
-/// Polls `condition` every 100 ms until it holds; panics naming `what` after 120 s.
+/// How long [`wait_until`] waits.
+const WAIT: Duration = Duration::from_secs(120);
+
+/// Waits until `condition` holds ([`support::wait_for`], at most [`WAIT`]).
 async fn wait_until<F, Fut>(what: &str, mut condition: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    while !condition().await {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{what}: not within 120 s"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    support::wait_for(what, WAIT, || {
+        let holds = condition();
+        async move { holds.await.then_some(()) }
+    })
+    .await
 }
 
 /// ServiceAccount `ns/<name>` in north, allowed what `mcs_kube::resolver::KubeResolver`
