@@ -134,6 +134,10 @@ pub const HEARTBEAT_READY: &str = "mcs.dev/ready";
 pub const HEARTBEAT_REASON: &str = "mcs.dev/not-ready-reason";
 /// The [`HEARTBEAT_REASON`] a process writes when it stops.
 pub const HEARTBEAT_STOPPED: &str = "stopped";
+/// How often [`heartbeat`] looks whether the process's readiness changed (a call of
+/// [`Readiness::check`], no request): when it did, the Lease is renewed at once, so that
+/// `kubectl mcs check` right after a (re)start or a failure does not read a stale state.
+pub const READINESS_POLL: Duration = Duration::from_secs(1);
 
 impl Heartbeat {
     /// The heartbeat `name` in `namespace`, held by `identity`, lasting 40 s.
@@ -155,9 +159,10 @@ impl Heartbeat {
 }
 
 /// Renews `beat` through `client` every third of its duration with the readiness `ready`
-/// reports (annotations [`HEARTBEAT_READY`] and [`HEARTBEAT_REASON`]) until `shutdown`
-/// completes; then writes it once more as not ready, `stopped`. Failures are logged when
-/// they start and end; they do not stop the heartbeat.
+/// reports (annotations [`HEARTBEAT_READY`] and [`HEARTBEAT_REASON`]), and at once when the
+/// process becomes ready or stops being ready (looked at every [`READINESS_POLL`]), until
+/// `shutdown` completes; then writes it once more as not ready, `stopped`. Failures are
+/// logged when they start and end; they do not stop the heartbeat.
 ///
 /// Every process of a cluster (the replicas, and an old and a new Pod during a rollout)
 /// writes the same Lease. So that one stopping does not mark the others down, each watches
@@ -208,8 +213,14 @@ pub async fn heartbeat(
             ..Default::default()
         }),
     };
-    let mut tick = tokio::time::interval((beat.duration / 3).max(Duration::from_millis(100)));
+    let period = (beat.duration / 3).max(Duration::from_millis(100));
+    let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let poll_every = READINESS_POLL.min(period);
+    let mut poll = tokio::time::interval_at(tokio::time::Instant::now() + poll_every, poll_every);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The readiness last written (or tried).
+    let mut written: Option<bool> = None;
     let mut shutdown = std::pin::pin!(shutdown);
     let mut others = std::pin::pin!(
         watcher::watcher(
@@ -222,6 +233,11 @@ pub async fn heartbeat(
     loop {
         tokio::select! {
             _ = tick.tick() => {}
+            _ = poll.tick() => {
+                if written == Some(ready.check().is_ok()) {
+                    continue;
+                }
+            }
             () = &mut shutdown => break,
             seen = others.next() => match seen {
                 Some(Ok(watcher::Event::Apply(lease) | watcher::Event::InitApply(lease)))
@@ -230,8 +246,10 @@ pub async fn heartbeat(
                 _ => continue,
             },
         }
+        let state = ready.check();
+        written = Some(state.is_ok());
         let result = leases
-            .patch(&beat.name, &apply, &Patch::Apply(&lease(ready.check())))
+            .patch(&beat.name, &apply, &Patch::Apply(&lease(state)))
             .await;
         match result {
             Ok(_) if failing => {

@@ -1090,6 +1090,30 @@ async fn the_dns_server_serves_with_exactly_its_shipped_role_and_servfails_witho
     );
 }
 
+/// A cluster `name` with the shipped agent manifests applied (its namespace, ServiceAccount
+/// and roles): an admin client, a client as the agent's ServiceAccount, and the agent's
+/// heartbeat there with a duration of 3 h (renewed every hour: only what a test causes
+/// renews it within the test).
+async fn heartbeat_cluster(
+    name: &str,
+) -> (
+    support::TestCluster,
+    Client,
+    Client,
+    mcs_kube::admin::Heartbeat,
+) {
+    use mcs_kube::admin::{AGENT_HEARTBEAT, Heartbeat};
+    let cluster = support::start_cluster(name, support::ClusterOptions::api_only()).await;
+    let admin = cluster.client().await;
+    apply_manifest(&admin, AGENT_DEPLOYMENT, &["Namespace", "ServiceAccount"]).await;
+    apply_manifest(&admin, AGENT_LOCAL, &[]).await;
+    let agent_sa = deployment_identity(AGENT_DEPLOYMENT, AGENT_LOCAL);
+    let client = service_account_client(&cluster, &admin, &agent_sa).await;
+    let beat = Heartbeat::new(&agent_sa.0, AGENT_HEARTBEAT, "east")
+        .duration(Duration::from_secs(3 * 3600));
+    (cluster, admin, client, beat)
+}
+
 /// Two agent processes of one cluster (the old and the new Pod of a rollout) renew one
 /// heartbeat Lease as the agent's ServiceAccount, with the shipped roles: when one stops
 /// and writes `stopped`, the other, watching the Lease, renews it at once (its periodic
@@ -1098,18 +1122,10 @@ async fn the_dns_server_serves_with_exactly_its_shipped_role_and_servfails_witho
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopping_agent_process_does_not_mark_the_running_one_down() {
     use k8s_openapi::api::coordination::v1::Lease;
-    use mcs_kube::admin::{
-        AGENT_HEARTBEAT, HEARTBEAT_READY, HEARTBEAT_REASON, HEARTBEAT_STOPPED, Heartbeat,
-    };
+    use mcs_kube::admin::{AGENT_HEARTBEAT, HEARTBEAT_READY, HEARTBEAT_REASON, HEARTBEAT_STOPPED};
 
-    let cluster = support::start_cluster("heartbeat", support::ClusterOptions::api_only()).await;
-    let admin = cluster.client().await;
-    apply_manifest(&admin, AGENT_DEPLOYMENT, &["Namespace", "ServiceAccount"]).await;
-    apply_manifest(&admin, AGENT_LOCAL, &[]).await;
-    let agent_sa = deployment_identity(AGENT_DEPLOYMENT, AGENT_LOCAL);
-    let client = service_account_client(&cluster, &admin, &agent_sa).await;
-    let ns = agent_sa.0.clone();
-    let beat = Heartbeat::new(&ns, AGENT_HEARTBEAT, "east").duration(Duration::from_secs(3 * 3600));
+    let (_cluster, admin, client, beat) = heartbeat_cluster("heartbeat").await;
+    let ns = beat.namespace.clone();
     // `ready`: whether the process reports itself ready (the old one does not, so that the
     // Lease tells which wrote last).
     let start = |client: &Client, ready: bool| {
@@ -1181,4 +1197,53 @@ async fn a_stopping_agent_process_does_not_mark_the_running_one_down() {
         ("false".to_owned(), HEARTBEAT_STOPPED.to_owned()),
         "{lease:?}"
     );
+}
+
+/// A process's heartbeat says at once when the process becomes ready and when it stops
+/// being ready (its periodic renewal is an hour away here), so that `kubectl mcs check`
+/// right after an agent's (re)start does not report it starting for up to a third of the
+/// Lease's duration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_heartbeat_follows_readiness_at_once() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use mcs_kube::admin::{AGENT_HEARTBEAT, HEARTBEAT_READY};
+
+    let (_cluster, admin, client, beat) = heartbeat_cluster("readiness").await;
+    let ns = beat.namespace.clone();
+    let ready = Arc::new(AtomicBool::new(false));
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(mcs_kube::admin::heartbeat(
+        client,
+        beat,
+        Arc::clone(&ready),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), &ns);
+    let wait_ready = |want: &'static str| {
+        let leases = leases.clone();
+        async move {
+            let cond = kube::runtime::wait::await_condition(
+                leases,
+                AGENT_HEARTBEAT,
+                move |l: Option<&Lease>| {
+                    l.and_then(|l| l.metadata.annotations.as_ref())
+                        .and_then(|a| a.get(HEARTBEAT_READY))
+                        .is_some_and(|r| r == want)
+                },
+            );
+            match tokio::time::timeout(Duration::from_secs(60), cond).await {
+                Ok(Ok(Some(_))) => {}
+                other => panic!("the heartbeat Lease never said ready={want}: {other:?}"),
+            }
+        }
+    };
+    wait_ready("false").await;
+    ready.store(true, Ordering::SeqCst);
+    wait_ready("true").await;
+    ready.store(false, Ordering::SeqCst);
+    wait_ready("false").await;
+    stop.send(()).unwrap();
+    task.await.unwrap();
 }
