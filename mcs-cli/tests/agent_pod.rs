@@ -3,7 +3,8 @@
 //! `scripts/image.sh` makes from this test build's binaries imported into the node. The
 //! agent and the DNS server become Ready by kubelet's own probes; the agent, with the
 //! in-cluster configuration and the chart's ServiceAccount and RBAC, imports a Service
-//! exported in its cluster and gets it a ClusterSetIP from the cluster's service CIDR.
+//! exported in its cluster and gets it a ClusterSetIP from the cluster's service CIDR; a Pod
+//! resolves the name through the cluster's CoreDNS; `kubectl mcs check` passes.
 //!
 //! Needs root and what `scripts/test.sh` installs (kubelet, containerd, helm, umoci,
 //! skopeo).
@@ -189,6 +190,32 @@ async fn installed(lab: &mut Lab) {
             .container_logs("kube-system", "coredns-", "coredns", 20),
         lab.kubelet(0)
             .container_logs(RELEASE_NS, "mcs-dns-", "dns", 20)
+    );
+
+    // What a user runs next: `kubectl mcs check` (the plugin found on PATH, beside
+    // mcs-agent) passes: the agent ready by its heartbeat, the CRDs, the cluster id, every
+    // request the agent makes allowed by the chart's RBAC, CoreDNS forwarding the zone.
+    let path = std::env::join_paths(std::iter::once(bin_dir.to_path_buf()).chain(
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+    ))
+    .unwrap();
+    let out = std::process::Command::new(support::bin_dir().join("kubectl"))
+        .args(["mcs", "check", "--context", "east"])
+        .env("KUBECONFIG", cluster.kubeconfig_path())
+        .env("PATH", &path)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run kubectl mcs check");
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && report.contains("PASSED: 0 problem(s)"),
+        "kubectl mcs check --context east:\n{report}\nthe agent's log:\n{}",
+        lab.kubelet(0)
+            .container_logs(RELEASE_NS, "mcs-agent-", "agent", 30)
     );
 }
 

@@ -19,8 +19,16 @@
 //! and west itself. Both are answered by Pods of both clusters, over the lab's routes
 //! between nodes. The checkout through `mcs-client` goes on calling while east scales to 0
 //! (then only west answers) and west rolls out to new Pods (then only those answer), and
-//! none of its calls fails. Last, what a user sees: `kubectl get serviceimports` in north
-//! and `kubectl mcs check` of the three members, which passes.
+//! none of its calls fails.
+//!
+//! Then the lifecycle, with that checkout still calling and a Pod in north resolving the name
+//! every 200 ms: `helm upgrade` rolls north's agent to a new Pod (north's import is never
+//! deleted, its slices never empty, every DNS answer is the ClusterSetIP); north's agent
+//! container is killed while its node's kubelet is down and west's exports change meanwhile
+//! (a scale-up, a second exported Service), and once kubelet restarts it the agent
+//! converges; `kubectl get serviceimports` in north and `kubectl mcs check` of the three
+//! members show what a user sees, and pass; last, `helm uninstall` in east: after the
+//! grace period north serves west's endpoints only, though east's Pods still run.
 //!
 //! Needs root and what `scripts/test.sh` installs (kubelet, containerd, helm, umoci,
 //! skopeo), and the seed's programs built beside `mcs-agent` (`cargo test --workspace`,
@@ -62,6 +70,14 @@ const REPLICAS: [(&str, usize); 2] = [("east", 3), ("west", 4)];
 const CHECKOUT: &str = "checkout-mcs";
 /// The image of the seed's programs (`loyalty-accrual`, `checkout`), made by the test.
 const SEED_IMAGE: &str = "localhost/mcs-seed:1";
+/// The Pod resolving the service's name in north again and again, until the test stops it.
+const DNS_WATCH: &str = "dns-watch";
+/// The agents' grace period for a member that is gone (`agent.unreachableGraceSeconds`),
+/// shortened from the chart's 60 s so that the test sees a member leave.
+const GRACE_SECONDS: u64 = 10;
+/// Seconds of each member's Lease on the hub (`agent.hub.leaseSeconds`): the hub topology's
+/// way to see a member gone, shortened from the chart's 40 s.
+const HUB_LEASE_SECONDS: u64 = 15;
 
 /// How the members' agents find each other's exports.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -80,6 +96,65 @@ fn three_clusters_mesh_through_the_charts_agent_pods() {
 #[test]
 fn three_members_share_a_hub_through_the_charts_agent_pods() {
     support::netlab::with_lab(|lab| Box::pin(clusterset(lab, Topology::Hub)));
+}
+
+/// Not a check: the playground of `scripts/playground.sh`, which sets `MCS_PLAYGROUND_DIR`
+/// (and `MCS_PLAYGROUND_TOPOLOGY`, `mesh` or `hub`). It brings up what the tests above start
+/// from ([`bring_up`], and CoreDNS in north), writes a kubeconfig of every cluster (contexts
+/// `east`, `west`, `north`, and `hub`) to `<dir>/kubeconfig` and the name of the lab's
+/// network namespace (where the API servers listen) to `<dir>/netns`, creates `<dir>/ready`, and
+/// keeps everything running until `<dir>/stop` exists; then it tears everything down.
+#[test]
+#[ignore = "a playground for people, not a check: scripts/playground.sh runs it"]
+fn playground() {
+    let dir = std::env::var_os("MCS_PLAYGROUND_DIR")
+        .map(std::path::PathBuf::from)
+        .expect("MCS_PLAYGROUND_DIR: scripts/playground.sh runs this");
+    let topology = match std::env::var("MCS_PLAYGROUND_TOPOLOGY").as_deref() {
+        Ok("hub") => Topology::Hub,
+        Ok("mesh") | Err(_) => Topology::Mesh,
+        Ok(other) => panic!("MCS_PLAYGROUND_TOPOLOGY={other}: mesh or hub"),
+    };
+    support::netlab::with_lab(|lab| Box::pin(play(lab, topology, dir)));
+}
+
+/// [`playground`]'s body.
+async fn play(lab: &mut Lab, topology: Topology, dir: std::path::PathBuf) {
+    let set = bring_up(lab, topology).await;
+    support::cluster_dns::deploy(&set.clients[2], lab.kubelet(2), "mcs-coredns").await;
+    let mut merged: Option<kube::config::Kubeconfig> = None;
+    for cluster in set.clusters.iter().chain(&set.hub) {
+        let one = kube::config::Kubeconfig::read_from(cluster.kubeconfig_path())
+            .expect("a cluster's kubeconfig");
+        merged = Some(match merged {
+            None => one,
+            Some(all) => all.merge(one).expect("merge the kubeconfigs"),
+        });
+    }
+    let kubeconfig = dir.join("kubeconfig");
+    support::write_kubeconfig(&kubeconfig, &merged.expect("a cluster"));
+    println!(
+        "playground: {topology:?}; kubeconfig {} (contexts {}); kubectl in {}; kubectl-mcs in {}",
+        kubeconfig.display(),
+        set.clusters
+            .iter()
+            .chain(&set.hub)
+            .map(|c| c.name())
+            .collect::<Vec<_>>()
+            .join(", "),
+        support::bin_dir().display(),
+        bin_dir().display(),
+    );
+    // The API servers listen in the lab's network namespace: kubectl runs there.
+    std::fs::write(dir.join("netns"), lab.netns()).expect("write the netns file");
+    std::fs::write(dir.join("ready"), "").expect("write the ready file");
+    // A person stops it, whenever: nothing here to wait on but the file.
+    let stop = dir.join("stop");
+    while !stop.exists() {
+        lab.assert_running();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!("playground: stopping");
 }
 
 /// `cluster`'s kubeconfig as `user` in `groups`, with the API server at the lab's address,
@@ -135,9 +210,32 @@ fn helm_install(
     support::helm_mcs_chart(cluster, scratch, &args, release, RELEASE_NS);
 }
 
-async fn clusterset(lab: &mut Lab, topology: Topology) {
+/// The three clusters of [`bring_up`], mcs installed and the seed's server running.
+struct Set {
+    /// east, west and north ([`CLUSTERS`]).
+    clusters: Vec<support::TestCluster>,
+    /// The hub, in the hub topology.
+    hub: Option<support::TestCluster>,
+    /// An admin client of each of [`Set::clusters`].
+    clients: Vec<kube::Client>,
+    /// The ready `loyalty-accrual` Pods' addresses, by serving cluster.
+    backends: BTreeMap<&'static str, BTreeSet<String>>,
+    /// Helm's state, the images, the values files (removed after the clusters stop).
+    scratch: tempfile::TempDir,
+}
+
+/// The folder of this test build's binaries (`mcs-agent`, `kubectl-mcs`, the seed's).
+fn bin_dir() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_mcs-agent")).parent().unwrap()
+}
+
+/// east, west and north with a real node each in `lab`, `charts/mcs` installed in each in
+/// `topology` (and the hub's release on a fourth API server in the hub topology), the
+/// agents and DNS servers available, and `loyalty-accrual` running and exported in east
+/// (3 Pods) and west (4).
+async fn bring_up(lab: &mut Lab, topology: Topology) -> Set {
     let scratch = tempfile::tempdir().unwrap();
-    let bin_dir = Path::new(env!("CARGO_BIN_EXE_mcs-agent")).parent().unwrap();
+    let bin_dir = bin_dir();
     let archive =
         support::build_mcs_image_off_thread(bin_dir, scratch.path().join("image"), "test")
             .await
@@ -214,6 +312,7 @@ async fn clusterset(lab: &mut Lab, topology: Topology) {
             "agent": {
                 // The scheduler's other Node is kwok's, which runs no container.
                 "nodeSelector": { "kubernetes.io/hostname": node },
+                "unreachableGraceSeconds": GRACE_SECONDS,
             },
             "dns": { "replicas": 1, "nodeSelector": { "kubernetes.io/hostname": node } },
         });
@@ -239,7 +338,10 @@ async fn clusterset(lab: &mut Lab, topology: Topology) {
                 );
                 kubeconfig_secret(client, "mcs-hub", kubeconfig).await;
                 values["agent"]["mode"] = "hub".into();
-                values["agent"]["hub"] = serde_json::json!({ "secretName": "mcs-hub" });
+                values["agent"]["hub"] = serde_json::json!({
+                    "secretName": "mcs-hub",
+                    "leaseSeconds": HUB_LEASE_SECONDS,
+                });
             }
         }
         if name == "north" {
@@ -318,6 +420,20 @@ async fn clusterset(lab: &mut Lab, topology: Topology) {
         assert_eq!(ips.len(), replicas, "{name}'s backends: {ips:?}");
         backends.insert(name, ips);
     }
+    Set {
+        clusters,
+        hub,
+        clients,
+        backends,
+        scratch,
+    }
+}
+
+async fn clusterset(lab: &mut Lab, topology: Topology) {
+    let set = bring_up(lab, topology).await;
+    let (clusters, clients, backends) = (&set.clusters, &set.clients, &set.backends);
+    let scratch = &set.scratch;
+    let bin_dir = bin_dir();
 
     // north imports it: a ClusterSetIP from north's service CIDR, slices from both sources.
     let north = &clients[2];
@@ -429,7 +545,7 @@ async fn clusterset(lab: &mut Lab, topology: Topology) {
         CHECKOUT,
         container,
         Some("checkout"),
-        Some(volume),
+        Some(volume.clone()),
     )
     .await;
     let stdout = checkout_answers(north, lab.kubelet(2), 0, CALLS, "from the start").await;
@@ -494,6 +610,37 @@ async fn clusterset(lab: &mut Lab, topology: Topology) {
     .await;
     next_answers_from_west(north, lab.kubelet(2), &new, "west rolled out").await;
 
+    // A Pod in north resolves the name through north's CoreDNS (and the chart's DNS server)
+    // every 200 ms through the agent's upgrade below, one line an answer:
+    // `ok` when the answer is the ClusterSetIP, else `FAILED`.
+    let dns_watch = format!(
+        "while [ ! -e /signal/dns-stop ]; do \
+           if nslookup -type=a {name} 2>&1 | grep -q 'Address: {ip}$'; \
+           then echo ok; else echo \"FAILED $(date +%T)\"; fi; \
+           sleep 0.2; \
+         done"
+    );
+    support::cluster_dns::start_container(
+        north,
+        lab.kubelet(2),
+        NS,
+        DNS_WATCH,
+        serde_json::json!({
+            "image": support::node::BUSYBOX_IMAGE,
+            "command": ["/bin/sh", "-c", dns_watch],
+            "volumeMounts": [{ "name": "signal", "mountPath": "/signal", "readOnly": true }],
+        }),
+        None,
+        Some(volume),
+    )
+    .await;
+    let node = lab.kubelet(2);
+    support::wait_for("north's DNS watch answered", WAIT, || {
+        let log = node.container_output(NS, &format!("{DNS_WATCH}_"), "run");
+        std::future::ready(container_stdout(&log).contains(&"ok").then_some(()))
+    })
+    .await;
+
     // helm upgrade of north's release with a changed value rolls its agent to a new Pod.
     // Through it north's import and slices stay (watched: the import never deleted, the
     // slices never without an endpoint), the checkout's calls go on, and then the new agent
@@ -522,21 +669,20 @@ async fn clusterset(lab: &mut Lab, topology: Topology) {
         RELEASE,
         RELEASE_NS,
     );
-    wait_until("north's agent rolled to a new, ready Pod", || async {
-        let Ok(list) = agents
+    let agent = support::wait_for("north's agent rolled to a new, ready Pod", WAIT, || async {
+        let list = agents
             .list(&ListParams::default().labels(agent_selector))
             .await
-        else {
-            return false;
-        };
-        list.items.len() == 1
-            && list.items.iter().all(|p| {
-                !old_agents.contains(p.metadata.uid.as_deref().unwrap_or_default())
-                    && p.status
-                        .as_ref()
-                        .and_then(|s| s.conditions.as_ref())
-                        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-            })
+            .ok()?;
+        match &list.items[..] {
+            [pod]
+                if !old_agents.contains(pod.metadata.uid.as_deref().unwrap_or_default())
+                    && ready(pod) =>
+            {
+                Some(pod.clone())
+            }
+            _ => None,
+        }
     })
     .await;
     support::scale_deployment(west, NS, SERVICE, 3).await;
@@ -548,27 +694,92 @@ async fn clusterset(lab: &mut Lab, topology: Topology) {
                 .is_some_and(|ips| ips.len() == 3 && ips.is_subset(&new))
     })
     .await;
-    let trouble = watched.stop().await;
-    assert!(
-        trouble.is_empty(),
-        "north's import and slices through helm upgrade: {trouble:#?}"
-    );
     let from = checkout_answers(north, lab.kubelet(2), 0, 0, "the upgrade")
         .await
         .len();
     checkout_answers(north, lab.kubelet(2), from, CALLS, "the upgrade").await;
 
-    // Stopped: it made every call and none failed.
-    std::fs::write(signal.join("stop"), "").unwrap();
+    // Every DNS answer of the watch, through the upgrade, was the ClusterSetIP.
+    std::fs::write(signal.join("dns-stop"), "").unwrap();
     let (ok, out) =
-        support::cluster_dns::container_finished(north, lab.kubelet(2), NS, CHECKOUT).await;
+        support::cluster_dns::container_finished(north, lab.kubelet(2), NS, DNS_WATCH).await;
     let stdout = container_stdout(&out);
-    let last = stdout.last().copied().unwrap_or_default();
+    let answered = stdout.iter().filter(|l| **l == "ok").count();
     assert!(
-        ok && last.ends_with(" answered 0 failed"),
-        "the mcs-client checkout had every call answered, through east's scale-down and \
-         west's rollout:\n{out}"
+        ok && answered > 0 && answered == stdout.len(),
+        "north's Pod resolved {name} to {ip} every time through the agent's upgrade \
+         ({answered} of {} answers):\n{out}",
+        stdout.len()
     );
+
+    // north's agent killed while its node's kubelet is down, and west's exports change
+    // meanwhile: west scales to 4 and exports a second Service. kubelet, started again,
+    // restarts the agent's container, which converges: north's slices have west's 4
+    // endpoints and north imports the new Service. The same watch runs through it.
+    let agent_name = agent.metadata.name.clone().unwrap_or_default();
+    let container_id = agent_container(&agent)
+        .and_then(|c| c.container_id.clone())
+        .expect("the agent's container ID");
+    let restarts = agent_container(&agent).map_or(0, |c| c.restart_count);
+    lab.kubelet(2).stop_kubelet();
+    lab.kubelet(2).kill_container(&container_id);
+    support::scale_deployment(west, NS, SERVICE, 4).await;
+    let ledger = support::service(
+        "loyalty-ledger",
+        "loyalty-ledger",
+        &[("grpc", PORT.into(), "TCP")],
+        false,
+    );
+    support::create_exported_service(west, NS, &ledger).await;
+    lab.kubelet(2).start_kubelet();
+    let agent_restarted = format!("north's agent {agent_name} restarted by kubelet and ready");
+    support::wait_for(&agent_restarted, WAIT, || async {
+        let pod = agents.get(&agent_name).await.ok()?;
+        let restarted = agent_container(&pod).is_some_and(|c| c.restart_count > restarts);
+        (restarted && ready(&pod)).then_some(())
+    })
+    .await;
+    let west_now = support::wait_for("west's 4 ready Pods", WAIT, || async {
+        let ips = support::cluster_dns::pod_ips(west, NS, &format!("app={SERVICE}")).await;
+        (ips.len() == 4).then_some(ips)
+    })
+    .await;
+    let west_only = &BTreeMap::from([("west".to_owned(), west_now.clone())]);
+    wait_until(
+        "north's slices have west's 4 endpoints after the agent's restart",
+        || async move { endpoints_by_source(north).await == *west_only },
+    )
+    .await;
+    wait_until("north imports west's second Service", || async {
+        Api::<ServiceImport>::namespaced(north.clone(), NS)
+            .get_opt("loyalty-ledger")
+            .await
+            .is_ok_and(|si| si.is_some())
+    })
+    .await;
+    let trouble = watched.stop().await;
+    assert!(
+        trouble.is_empty(),
+        "north's import and slices through helm upgrade and the agent's restart: {trouble:#?}"
+    );
+    next_answers_from_west(north, lab.kubelet(2), &west_now, "the agent's restart").await;
+
+    // east serves again: 3 new Pods, in north's slices beside west's.
+    support::scale_deployment(east, NS, SERVICE, 3).await;
+    available(east, NS, SERVICE, 3, || {
+        lab.kubelet(0).container_logs(NS, SERVICE, "server", 20)
+    })
+    .await;
+    let east_now = support::cluster_dns::pod_ips(east, NS, &format!("app={SERVICE}")).await;
+    let both = &BTreeMap::from([
+        ("east".to_owned(), east_now.clone()),
+        ("west".to_owned(), west_now.clone()),
+    ]);
+    wait_until(
+        "north's slices have east's new endpoints and west's",
+        || async move { endpoints_by_source(north).await == *both },
+    )
+    .await;
 
     // What a user sees with kubectl: north's import.
     let kubeconfig =
@@ -616,6 +827,30 @@ async fn clusterset(lab: &mut Lab, topology: Topology) {
     assert!(
         ok && report.contains("PASSED: 0 problem(s)"),
         "kubectl mcs check of east, west and north:\n{report}"
+    );
+
+    // helm uninstall in east: east leaves the ClusterSet while its Pods still run. Once
+    // north's agent has seen it gone for the grace period (mesh: east refuses north's reads,
+    // the uninstall took the peer-reader binding; hub: east's Lease on the hub expired),
+    // north's slices have only west's endpoints, and the checkout is answered by west.
+    support::helm_uninstall(&clusters[0], scratch.path(), RELEASE, RELEASE_NS);
+    wait_until(
+        "north's slices without east's endpoints after east's uninstall",
+        || async move { endpoints_by_source(north).await == *west_only },
+    )
+    .await;
+    next_answers_from_west(north, lab.kubelet(2), &west_now, "east's uninstall").await;
+
+    // Stopped: it made every call and none failed.
+    std::fs::write(signal.join("stop"), "").unwrap();
+    let (ok, out) =
+        support::cluster_dns::container_finished(north, lab.kubelet(2), NS, CHECKOUT).await;
+    let stdout = container_stdout(&out);
+    let last = stdout.last().copied().unwrap_or_default();
+    assert!(
+        ok && last.ends_with(" answered 0 failed"),
+        "the mcs-client checkout had every call answered, through east's scale-down, west's \
+         rollout, the agent's upgrade and restart, and east's uninstall:\n{out}"
     );
 }
 
@@ -841,6 +1076,24 @@ fn watch_import_and_slices(client: &kube::Client) -> Watched {
         }
     });
     Watched { stop, task }
+}
+
+/// The agent's container of an agent Pod, from its status.
+fn agent_container(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::ContainerStatus> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == "agent")
+}
+
+/// Whether `pod` is Ready.
+fn ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// How long [`wait_until`] waits.

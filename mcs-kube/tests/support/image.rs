@@ -88,18 +88,39 @@ pub fn helm_mcs_chart(
     release: &str,
     namespace: &str,
 ) -> String {
+    let chart = workspace_root().join("charts/mcs");
+    let mut all: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_ref()).collect();
+    all.extend([release.as_ref(), chart.as_os_str()]);
+    helm(cluster, scratch, &all, namespace)
+}
+
+/// `helm uninstall <release> --namespace <namespace> --wait` against `cluster` (Helm 4, its
+/// state under `scratch/helm` as [`helm_mcs_chart`]'s): returns once the release's objects
+/// are gone.
+pub fn helm_uninstall(cluster: &TestCluster, scratch: &Path, release: &str, namespace: &str) {
+    let args = ["uninstall", release, "--wait"].map(std::ffi::OsStr::new);
+    helm(cluster, scratch, &args, namespace);
+}
+
+/// Runs `helm <args> --namespace <namespace> --kubeconfig <cluster's>` (Helm 4), its state
+/// under `scratch/helm`; its output, or a panic with it when it fails.
+fn helm(
+    cluster: &TestCluster,
+    scratch: &Path,
+    args: &[&std::ffi::OsStr],
+    namespace: &str,
+) -> String {
     let home = scratch.join("helm");
+    let shown: Vec<_> = args.iter().map(|a| a.to_string_lossy()).collect();
     run_command(
         Command::new(helm4())
             .env("HELM_CACHE_HOME", home.join("cache"))
             .env("HELM_CONFIG_HOME", home.join("config"))
             .env("HELM_DATA_HOME", home.join("data"))
             .args(args)
-            .arg(release)
-            .arg(workspace_root().join("charts/mcs"))
             .args(["--namespace", namespace])
             .arg("--kubeconfig")
             .arg(cluster.kubeconfig_path()),
-        &format!("helm {} {release} in {}", args.join(" "), cluster.name()),
+        &format!("helm {} in {}", shown.join(" "), cluster.name()),
     )
 }

@@ -62,6 +62,9 @@ pub struct KubeletNode {
     cgroup_root: String,
     containerd: Option<Child>,
     kubelet: Option<Child>,
+    /// Where it runs, and kubelet's arguments: for [`KubeletNode::start_kubelet`].
+    net: NodeNetwork,
+    kubelet_args: Vec<String>,
 }
 
 impl std::fmt::Debug for KubeletNode {
@@ -133,6 +136,8 @@ impl KubeletNode {
             cgroup_root,
             containerd: None,
             kubelet: None,
+            net: net.clone(),
+            kubelet_args: Vec::new(),
         };
         create_cgroups(&node.cgroup_root);
 
@@ -178,20 +183,16 @@ impl KubeletNode {
             kubelet_config(&root, &socket, net, &node.cgroup_root, node.cluster_dns),
         )
         .expect("write kubelet.yaml");
-        node.kubelet = Some(node.spawn_in(
-            net,
-            "kubelet",
-            &kubelet_bin,
-            &[
-                format!("--config={}", root.join("kubelet.yaml").display()),
-                format!("--kubeconfig={}", root.join("kubelet.kubeconfig").display()),
-                format!("--root-dir={}", root.join("kubelet").display()),
-                format!("--cert-dir={}", root.join("pki").display()),
-                format!("--hostname-override={name}"),
-                format!("--node-ip={}", net.node_ip),
-                "--v=2".to_owned(),
-            ],
-        ));
+        node.kubelet_args = vec![
+            format!("--config={}", root.join("kubelet.yaml").display()),
+            format!("--kubeconfig={}", root.join("kubelet.kubeconfig").display()),
+            format!("--root-dir={}", root.join("kubelet").display()),
+            format!("--cert-dir={}", root.join("pki").display()),
+            format!("--hostname-override={name}"),
+            format!("--node-ip={}", net.node_ip),
+            "--v=2".to_owned(),
+        ];
+        node.start_kubelet();
         let nodes: Api<Node> = Api::all(admin);
         // containerd reads its CNI folder as it changes: the network is ready (and so the
         // Node) once the configuration with the Node's range is there.
@@ -361,6 +362,46 @@ impl KubeletNode {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// Stops kubelet at once (SIGKILL, as a crash would). containerd and the Pods' containers
+    /// run on; nothing reports their state to the API server until [`start_kubelet`].
+    ///
+    /// [`start_kubelet`]: KubeletNode::start_kubelet
+    pub fn stop_kubelet(&mut self) {
+        if let Some(kubelet) = self.kubelet.take() {
+            reap(kubelet);
+        }
+    }
+
+    /// Starts kubelet (again, after [`stop_kubelet`]) with the same configuration, root
+    /// folder and certificates: it finds the Pods of its Node and their containers where it
+    /// left them, and restarts those that exited. Its log goes on in the same file.
+    ///
+    /// [`stop_kubelet`]: KubeletNode::stop_kubelet
+    pub fn start_kubelet(&mut self) {
+        assert!(self.kubelet.is_none(), "kubelet of node {} runs", self.name);
+        let kubelet_bin = bin_dir().join("kubelet");
+        self.kubelet = Some(self.spawn_in(&self.net, "kubelet", &kubelet_bin, &self.kubelet_args));
+    }
+
+    /// Kills the processes of container `id` (from its Pod's status, `containerd://<id>`)
+    /// with SIGKILL through containerd, as an out-of-memory kill or a crash would; kubelet,
+    /// when it runs, restarts it by the Pod's `restartPolicy`.
+    pub fn kill_container(&self, id: &str) {
+        let id = id.strip_prefix("containerd://").unwrap_or(id);
+        let socket = self.dir.path().join("containerd.sock");
+        let out = Command::new(need("ctr", "containerd"))
+            .args(["-a", &socket.display().to_string(), "-n", "k8s.io"])
+            .args(["tasks", "kill", "--signal", "SIGKILL", id])
+            .output()
+            .expect("run ctr");
+        assert!(
+            out.status.success(),
+            "ctr tasks kill {id} on node {}: {}",
+            self.name,
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// The last `lines` lines of `containerd`'s or `kubelet`'s log.
