@@ -5,7 +5,9 @@
 //! - `status_and_check_of_a_clusterset`: a healthy service, a conflict and an export
 //!   without a Service, as `status` shows them (JSON parsed back, YAML, table); `check`
 //!   passes (exit 0) with every agent, CRD, cluster id, RBAC, CIDR and DNS finding ok, then
-//!   fails (exit 1) once an agent is killed.
+//!   fails (exit 1) once an agent is killed. The JSON of both has the shape pinned in
+//!   `tests/fixtures/kubectl-mcs-{status,check}.shape` (field names and types, as a user's
+//!   script reads them).
 //! - `overlapping_ranges_and_unreachable_members`: two clusters started with overlapping
 //!   service CIDRs (and Nodes with overlapping pod CIDRs): `check` fails naming both
 //!   ranges, `status` warns; the agents report the overlaps and an endpoint imported into
@@ -87,6 +89,74 @@ async fn run_program(program: &Path, kubeconfig: &str, args: &[&str], path: Opti
         stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
     }
+}
+
+/// The shape of a JSON document, one line a path: `.services[].name: string` (arrays as
+/// `[]`, the JSON type of each value seen at that path). It is what a user's script reads,
+/// independent of the Rust types that print it.
+fn json_shape(value: &serde_json::Value) -> std::collections::BTreeSet<String> {
+    fn walk(value: &serde_json::Value, path: &str, out: &mut std::collections::BTreeSet<String>) {
+        use serde_json::Value;
+        let kind = match value {
+            Value::Null => "null",
+            Value::Bool(_) => "boolean",
+            Value::Number(_) => "number",
+            Value::String(_) => "string",
+            Value::Array(items) => {
+                for item in items {
+                    walk(item, &format!("{path}[]"), out);
+                }
+                "array"
+            }
+            Value::Object(fields) => {
+                for (key, field) in fields {
+                    walk(field, &format!("{path}.{key}"), out);
+                }
+                "object"
+            }
+        };
+        out.insert(format!(
+            "{}: {kind}",
+            if path.is_empty() { "." } else { path }
+        ));
+    }
+    let mut out = std::collections::BTreeSet::new();
+    walk(value, "", &mut out);
+    out
+}
+
+/// Checks that the JSON `run` printed has exactly the shape in
+/// `tests/fixtures/kubectl-mcs-<name>.shape` ([`json_shape`]): a renamed, retyped, added or
+/// removed field fails here, as it would break a user's script. After a deliberate change
+/// of the format, `MCS_BLESS=1` rewrites the file; review its diff.
+fn assert_shape(run: &Run, name: &str) {
+    let value: serde_json::Value =
+        serde_json::from_str(&run.stdout).unwrap_or_else(|e| panic!("not JSON: {e}\n{run}"));
+    let shape: Vec<String> = json_shape(&value).into_iter().collect();
+    let file = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(format!("kubectl-mcs-{name}.shape"));
+    if std::env::var_os("MCS_BLESS").is_some() {
+        std::fs::write(&file, shape.join("\n") + "\n").expect("write the shape file");
+        return;
+    }
+    let pinned = std::fs::read_to_string(&file)
+        .unwrap_or_else(|e| panic!("{}: {e} (MCS_BLESS=1 writes it)", file.display()));
+    let pinned: Vec<&str> = pinned.lines().collect();
+    let missing: Vec<&&str> = pinned
+        .iter()
+        .filter(|l| !shape.iter().any(|s| s == **l))
+        .collect();
+    let extra: Vec<&String> = shape
+        .iter()
+        .filter(|s| !pinned.contains(&s.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "kubectl mcs {name} -o json changed shape against {}: gone {missing:#?}, new \
+         {extra:#?} (a deliberate change: MCS_BLESS=1 rewrites the file)\n{run}",
+        file.display()
+    );
 }
 
 async fn kubectl_mcs(kubeconfig: &str, args: &[&str]) -> Run {
@@ -352,6 +422,7 @@ async fn status_and_check_of_a_clusterset() {
     )
     .await;
     assert_eq!(run.code, 0, "every member was read: {run}");
+    assert_shape(&run, "status");
     let clusters: Vec<(&str, &str, bool)> = report
         .clusters
         .iter()
@@ -464,6 +535,7 @@ async fn status_and_check_of_a_clusterset() {
     })
     .await;
     assert_eq!(run.code, 0, "{run}");
+    assert_shape(&run, "check");
     for ctx in ["east", "west"] {
         for check in ["agent", "crds", "cluster-id", "rbac"] {
             let found = finding(&report, check, Some(ctx));
