@@ -8,9 +8,9 @@
 //! Every API server is reached at the lab's address.
 //!
 //! Then the seed scenario in containers: `loyalty-accrual` (the seed crate's gRPC server,
-//! in an image of its own) runs as 3 Pods in east and 4 in west behind an exported Service;
-//! north, which runs none, gets a ServiceImport with a ClusterSetIP from its own service
-//! CIDR and EndpointSlices from both sources. In north two checkout Pods (the seed's
+//! in an image of its own) runs as 3 Pods in east and 4 in west behind a Service exported
+//! with a `v1alpha1` ServiceExport; north, which runs none, gets a ServiceImport with a
+//! ClusterSetIP from its own service CIDR and EndpointSlices from both sources. In north two checkout Pods (the seed's
 //! `checkout` program) call `loyalty.Accrual/Accrue` on
 //! `loyalty-accrual.loyalty.svc.clusterset.local:9443`: a plain gRPC client, which resolves
 //! the name through north's CoreDNS and the chart's DNS server and calls the ClusterSetIP
@@ -407,7 +407,23 @@ async fn bring_up(lab: &mut Lab, topology: Topology) -> Set {
             .await
             .unwrap();
         let service = support::service(SERVICE, SERVICE, &[("grpc", PORT.into(), "TCP")], false);
-        support::create_exported_service(client, NS, &service).await;
+        // The export as the seed's owners write it: multicluster.x-k8s.io/v1alpha1 (the
+        // CRD serves it beside v1beta1, which the agent reads).
+        Api::<k8s_openapi::api::core::v1::Service>::namespaced(client.clone(), NS)
+            .create(&PostParams::default(), &service)
+            .await
+            .unwrap();
+        let export: mcs_core::api::v1alpha1::ServiceExport =
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "multicluster.x-k8s.io/v1alpha1",
+                "kind": "ServiceExport",
+                "metadata": { "name": SERVICE, "namespace": NS },
+            }))
+            .unwrap();
+        Api::<mcs_core::api::v1alpha1::ServiceExport>::namespaced(client.clone(), NS)
+            .create(&PostParams::default(), &export)
+            .await
+            .unwrap();
         available(client, NS, SERVICE, replicas as i32, || {
             format!(
                 "{}\nkubelet:\n{}",
