@@ -12,8 +12,8 @@
 # the same features). It prints the kubeconfig (contexts east, west, north, hub), the network
 # namespace the API servers listen in and commands to try, and keeps everything running
 # until Ctrl-C (or SIGTERM), then tears everything down: processes, network namespaces,
-# mounts. Its state and
-# log are in ${MCS_PLAYGROUND_DIR:-~/.cache/mcs-playground}.
+# mounts. Its state and log are in ${MCS_PLAYGROUND_DIR:-~/.cache/mcs-playground}; if this
+# script itself is killed, `touch <that folder>/stop` stops the clusters.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,10 +38,10 @@ echo "playground: building (the seed's programs, mcs-agent, kubectl-mcs, the tes
 cargo build --workspace --all-features --bins
 # The test runs in a session of its own, so that Ctrl-C reaches only this script, which
 # asks the test to stop (the file stop) and waits while it tears everything down.
+trap 'touch "$dir/stop"; echo "playground: tearing down"' INT TERM
 setsid cargo test -p mcs-cli --all-features --test clusterset_pods -- --ignored --exact playground \
 	--nocapture >"$dir/log" 2>&1 &
 test_pid=$!
-trap 'touch "$dir/stop"; echo "playground: tearing down"' INT TERM
 echo "playground: bringing up the clusters ($topology; a minute or two; log: $dir/log)"
 while [ ! -e "$dir/ready" ]; do
 	if ! kill -0 "$test_pid" 2>/dev/null; then

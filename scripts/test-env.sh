@@ -45,4 +45,3 @@ need containerd containerd "for the real nodes"
 need /usr/lib/cni/bridge containernetworking-plugins "for the real nodes' Pod networks"
 need /bin/busybox busybox-static "for the real nodes' test image"
 need /usr/lib/x86_64-linux-gnu/libc.a libc6-dev "to build the real nodes' pause image"
-
