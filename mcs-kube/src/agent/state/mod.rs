@@ -1,27 +1,31 @@
 //! What the agent knows: every member's exports, Services and slices, its own cluster's
 //! objects, member and hub health. Facts go in ([`State::handle`]) and come out as the
 //! services they touched; the planner's inputs come out of [`State::inputs_for`]. No I/O.
+//!
+//! What each watch's events do is in `events`; whether the agent has listed everything it
+//! needs, and what it still waits for, in `readiness`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::runtime::watcher::Event;
 use mcs_core::ClusterId;
 use mcs_core::api::{LABEL_SERVICE_NAME, v1beta1::ServiceExport, v1beta1::ServiceImport};
 use mcs_core::merge::{ClusterSetState, Constituent, ServiceFacts, Stability};
 use mcs_core::name::ServiceRef;
 
 use super::desired::{LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY, MANAGED_BY};
-use super::health::{self, HubHealth, LeaseSeen, MemberHealth, NotReady, Verdict};
-use super::index::{Store, Touched, key_of, labelled_service, own_service};
+use super::health::{self, HubHealth, MemberHealth, Verdict};
+use super::index::{Store, Touched, labelled_service, own_service};
 use super::reconcile::{Observed, Publication, ServiceInputs};
-use super::source::{
-    Fact, KIND_DERIVED, KIND_EXPORT, KIND_IMPORT, KIND_IMPORTED, KIND_LEASE, KIND_MEMBERS,
-    KIND_NAMESPACE, KIND_OWN_RECORD, KIND_RECORD, KIND_SERVICE, KIND_SLICE, Origin,
-};
+use super::source::{Fact, KIND_LEASE, KIND_RECORD, Origin};
 use crate::hub::record::MemberExport;
+
+mod events;
+mod readiness;
+#[cfg(test)]
+mod tests;
 
 /// How the agent learns of the other members.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -174,16 +178,7 @@ impl State {
         let hub_mode = self.settings.mode == Mode::Hub;
         // Any event of a watch clears that watch's error.
         match fact.watch(&local) {
-            Some((Origin::Hub, kind)) => {
-                if let Some(whole) = self.hub.recover(kind) {
-                    changes.hub_answering = true;
-                    if whole {
-                        tracing::info!("hub reachable again");
-                        changes.reconcile.extend(self.all_services());
-                        changes.members = true;
-                    }
-                }
-            }
+            Some((Origin::Hub, kind)) => self.hub_ok(kind, now, &mut changes),
             Some((Origin::Member(id), kind)) => self.member_watch_ok(&id, kind, &mut changes),
             None => {}
         }
@@ -296,19 +291,34 @@ impl State {
                     }
                     self.hub.fail(what, error, now);
                 }
-                Ok(()) => {
-                    if let Some(whole) = self.hub.recover(what) {
-                        changes.hub_answering = true;
-                        if whole {
-                            tracing::info!("hub reachable again");
-                            changes.reconcile.extend(self.all_services());
-                            changes.members = true;
-                        }
-                    }
-                }
+                Ok(()) => self.hub_ok(what, now, &mut changes),
             },
         }
         changes
+    }
+
+    /// A watch or write on the hub of this `kind` works (again) at `now`.
+    fn hub_ok(&mut self, kind: &'static str, now: Instant, changes: &mut Changes) {
+        let Some(whole) = self.hub.recover(kind) else {
+            return;
+        };
+        changes.hub_answering = true;
+        if !whole {
+            return;
+        }
+        tracing::info!("hub reachable again");
+        // No renewal could be seen while the hub was down, and the Lease watches of the
+        // members (one each, one error kind for all) list again one by one: each member's
+        // Lease counts from now, as if just renewed, so that none is removed for a renewal
+        // its watch has not shown yet (the node lifecycle controller does the same with node
+        // Leases after a disruption).
+        for m in self.members.values_mut() {
+            if let Some(lease) = &mut m.health.lease {
+                lease.seen_at = now;
+            }
+        }
+        changes.reconcile.extend(self.all_services());
+        changes.members = true;
     }
 
     /// A watch of member `id`'s of this `kind` works (again).
@@ -362,194 +372,6 @@ impl State {
             }
         }
         (touched, next)
-    }
-
-    /// Whether every watch has listed, so plans see the whole picture.
-    pub(crate) fn synced(&self) -> bool {
-        let l = &self.local;
-        let own = l.namespaces_listed
-            && l.imports.is_listed()
-            && l.imported.is_listed()
-            && l.derived.is_listed();
-        let members = self.members.iter().all(|(id, m)| {
-            m.health.removed
-                || match self.settings.mode {
-                    Mode::Mesh => {
-                        m.exports.is_listed() && m.services.is_listed() && m.slices.is_listed()
-                    }
-                    Mode::Hub if *id == self.settings.local => {
-                        m.exports.is_listed() && self.awaited().is_empty()
-                    }
-                    // A member whose namespace the hub refuses to show (its reader
-                    // RoleBinding is missing) holds nobody back: it has no records here,
-                    // and it is removed after the grace period like any failing member.
-                    Mode::Hub => {
-                        (m.exports.is_listed() && m.lease_listed)
-                            || m.health
-                                .watch_errors
-                                .values()
-                                .any(|(_, forbidden)| *forbidden)
-                    }
-                }
-        });
-        let hub = match self.settings.mode {
-            Mode::Mesh => true,
-            Mode::Hub => self.members_listed && l.own_records.is_listed(),
-        };
-        own && members && hub
-    }
-
-    /// Why the agent is not ready, given the writes its cluster refused.
-    pub(crate) fn not_ready_reason(
-        &self,
-        forbidden: &BTreeMap<ServiceRef, String>,
-        now: Instant,
-        started: Instant,
-    ) -> Option<String> {
-        let local = &self.settings.local;
-        let own = self.members.get(local);
-        let forbidden_watches = own
-            .map(|m| {
-                m.health
-                    .watch_errors
-                    .iter()
-                    .filter(|(_, (_, f))| *f)
-                    .map(|(kind, (error, _))| (*kind, error.as_str()))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let waiting = if self.synced() {
-            Vec::new()
-        } else {
-            self.waiting(now)
-        };
-        health::not_ready_reason(&NotReady {
-            forbidden_writes: (!forbidden.is_empty()).then_some(forbidden),
-            forbidden_watches,
-            cluster: local.as_str(),
-            waiting,
-            unsynced_for: now.saturating_duration_since(started),
-            hub_errors: self.hub.down().then_some(&self.hub.errors),
-        })
-    }
-
-    /// The first lists still awaited, described: which member, which kind, the last error
-    /// and since when its watches fail.
-    fn waiting(&self, now: Instant) -> Vec<String> {
-        let local = &self.settings.local;
-        let l = &self.local;
-        let mut waiting = Vec::new();
-        let add = |waiting: &mut Vec<String>,
-                   kind: &'static str,
-                   listed: bool,
-                   m: Option<&MemberState>,
-                   where_: &str| {
-            if listed {
-                return;
-            }
-            let since = m
-                .and_then(|m| m.health.watch_failing_since)
-                .map(|t| health::for_human(now.saturating_duration_since(t)));
-            match (m.and_then(|m| m.health.watch_errors.get(kind)), since) {
-                // Refused: said elsewhere.
-                (Some((_, true)) | None, _) => waiting.push(format!("{kind} in {where_}")),
-                (Some((error, _)), Some(since)) => {
-                    waiting.push(format!("{kind} in {where_} ({error}, failing for {since})"))
-                }
-                (Some((error, _)), None) => waiting.push(format!("{kind} in {where_} ({error})")),
-            }
-        };
-        let own = self.members.get(local);
-        add(
-            &mut waiting,
-            KIND_NAMESPACE,
-            l.namespaces_listed,
-            own,
-            local.as_str(),
-        );
-        add(
-            &mut waiting,
-            KIND_IMPORT,
-            l.imports.is_listed(),
-            own,
-            local.as_str(),
-        );
-        add(
-            &mut waiting,
-            KIND_IMPORTED,
-            l.imported.is_listed(),
-            own,
-            local.as_str(),
-        );
-        add(
-            &mut waiting,
-            KIND_DERIVED,
-            l.derived.is_listed(),
-            own,
-            local.as_str(),
-        );
-        for (id, m) in self.members.iter().filter(|(_, m)| !m.health.removed) {
-            match self.settings.mode {
-                Mode::Mesh => {
-                    add(
-                        &mut waiting,
-                        KIND_EXPORT,
-                        m.exports.is_listed(),
-                        Some(m),
-                        id.as_str(),
-                    );
-                    add(
-                        &mut waiting,
-                        KIND_SERVICE,
-                        m.services.is_listed(),
-                        Some(m),
-                        id.as_str(),
-                    );
-                    add(
-                        &mut waiting,
-                        KIND_SLICE,
-                        m.slices.is_listed(),
-                        Some(m),
-                        id.as_str(),
-                    );
-                }
-                Mode::Hub if id == local => {
-                    add(
-                        &mut waiting,
-                        KIND_EXPORT,
-                        m.exports.is_listed(),
-                        Some(m),
-                        id.as_str(),
-                    );
-                    for (service, kind) in self.awaited() {
-                        waiting.push(format!("{kind} of {service} in {id}"));
-                    }
-                }
-                Mode::Hub => {
-                    let hub_error = |kind| {
-                        self.hub
-                            .errors
-                            .get(kind)
-                            .map_or(String::new(), |e| format!(" ({e})"))
-                    };
-                    if !m.exports.is_listed() {
-                        waiting.push(format!("{KIND_RECORD} of {id}{}", hub_error(KIND_RECORD)));
-                    }
-                    if !m.lease_listed {
-                        waiting.push(format!("{KIND_LEASE} of {id}{}", hub_error(KIND_LEASE)));
-                    }
-                }
-            }
-        }
-        if self.settings.mode == Mode::Hub {
-            if !self.members_listed {
-                waiting.push(KIND_MEMBERS.to_owned());
-            }
-            if !l.own_records.is_listed() {
-                waiting.push(KIND_OWN_RECORD.to_owned());
-            }
-        }
-        waiting
     }
 
     /// Members whose watches or probe are healthy (and, in the hub topology, whose Lease is
@@ -714,331 +536,6 @@ impl State {
     pub(crate) fn published(&self, service: &ServiceRef) -> Option<&MemberExport> {
         self.local.own_records.of_service(service).next()
     }
-
-    /// Whether the agent's own cluster is fully listed (exports and every per-service
-    /// watch), so that a record missing from it is really unexported.
-    pub(crate) fn own_exports_synced(&self) -> bool {
-        self.members
-            .get(&self.settings.local)
-            .is_some_and(|m| m.exports.is_listed())
-            && self.awaited().is_empty()
-            && self.local.own_records.is_listed()
-    }
-
-    /// The per-service lists (hub) of exported services that have not arrived yet.
-    fn awaited(&self) -> Vec<(ServiceRef, &'static str)> {
-        if self.settings.mode != Mode::Hub {
-            return Vec::new();
-        }
-        let Some(m) = self.members.get(&self.settings.local) else {
-            return Vec::new();
-        };
-        m.exports
-            .services()
-            .flat_map(|s| [(s.clone(), KIND_SERVICE), (s.clone(), KIND_SLICE)])
-            .filter(|k| !self.local.listed.contains(k))
-            .collect()
-    }
-
-    fn service_event(&mut self, service: &ServiceRef, e: Event<Service>) -> Touched {
-        let local = self.settings.local.clone();
-        let l = &mut self.local;
-        let Some(m) = self.members.get_mut(&local) else {
-            return Touched::new();
-        };
-        match e {
-            Event::Apply(s) => m.services.apply(s),
-            Event::Delete(s) => m.services.delete(&key_of(&s)),
-            Event::Init => {
-                l.service_listing.insert(service.clone(), Vec::new());
-                Touched::new()
-            }
-            Event::InitApply(s) => {
-                l.service_listing
-                    .entry(service.clone())
-                    .or_default()
-                    .push(s);
-                Touched::new()
-            }
-            Event::InitDone => {
-                let list = l.service_listing.remove(service).unwrap_or_default();
-                l.listed.insert((service.clone(), KIND_SERVICE));
-                m.services.replace_service(service, list)
-            }
-        }
-    }
-
-    fn slices_event(&mut self, service: &ServiceRef, e: Event<EndpointSlice>) -> Touched {
-        let local = self.settings.local.clone();
-        let l = &mut self.local;
-        let Some(m) = self.members.get_mut(&local) else {
-            return Touched::new();
-        };
-        match e {
-            Event::Apply(s) => m.slices.apply(s),
-            Event::Delete(s) => m.slices.delete(&key_of(&s)),
-            Event::Init => {
-                l.slice_listing.insert(service.clone(), Vec::new());
-                Touched::new()
-            }
-            Event::InitApply(s) => {
-                l.slice_listing.entry(service.clone()).or_default().push(s);
-                Touched::new()
-            }
-            Event::InitDone => {
-                let list = l.slice_listing.remove(service).unwrap_or_default();
-                l.listed.insert((service.clone(), KIND_SLICE));
-                m.slices.replace_service(service, list)
-            }
-        }
-    }
-
-    fn namespace_event(&mut self, e: Event<Namespace>) -> Touched {
-        let l = &mut self.local;
-        let before: BTreeMap<String, bool> = l
-            .namespaces
-            .iter()
-            .map(|(n, ns)| (n.clone(), is_terminating(ns)))
-            .collect();
-        match e {
-            Event::Apply(ns) => {
-                if let Some(name) = ns.metadata.name.clone() {
-                    l.namespaces.insert(name, ns);
-                }
-            }
-            Event::Delete(ns) => {
-                if let Some(name) = &ns.metadata.name {
-                    l.namespaces.remove(name);
-                }
-            }
-            Event::Init => l.namespaces_listing.clear(),
-            Event::InitApply(ns) => l.namespaces_listing.push(ns),
-            Event::InitDone => {
-                l.namespaces = std::mem::take(&mut l.namespaces_listing)
-                    .into_iter()
-                    .filter_map(|ns| Some((ns.metadata.name.clone()?, ns)))
-                    .collect();
-                l.namespaces_listed = true;
-            }
-        }
-        let after: BTreeMap<String, bool> = l
-            .namespaces
-            .iter()
-            .map(|(n, ns)| (n.clone(), is_terminating(ns)))
-            .collect();
-        // A namespace appearing, going or starting to terminate touches every service in it.
-        let changed: BTreeSet<&String> = before
-            .keys()
-            .chain(after.keys())
-            .filter(|n| before.get(*n) != after.get(*n))
-            .collect();
-        if changed.is_empty() {
-            return Touched::new();
-        }
-        self.all_services()
-            .into_iter()
-            .filter(|s| changed.contains(&s.namespace.as_str().to_owned()))
-            .collect()
-    }
-
-    fn members_event(&mut self, e: Event<Namespace>) -> Touched {
-        let local = self.settings.local.clone();
-        let member = |ns: &Namespace| super::source::hub::member_of(ns);
-        let mut touched = Touched::new();
-        match e {
-            Event::Apply(ns) | Event::InitApply(ns) => {
-                if let Some(id) = member(&ns).filter(|id| *id != local) {
-                    self.members.entry(id).or_insert_with(MemberState::new);
-                }
-            }
-            Event::Delete(ns) => {
-                if let Some(id) = member(&ns).filter(|id| *id != local)
-                    && let Some(mut m) = self.members.remove(&id)
-                {
-                    tracing::info!(cluster = %id, "member left the hub");
-                    touched.extend(m.clear());
-                }
-            }
-            Event::Init => {}
-            Event::InitDone => {
-                self.members_listed = true;
-            }
-        }
-        touched
-    }
-
-    fn record_event(&mut self, id: &ClusterId, e: Event<MemberExport>) -> Touched {
-        let m = self
-            .members
-            .entry(id.clone())
-            .or_insert_with(MemberState::new);
-        let mut touched = Touched::new();
-        match e {
-            Event::Apply(record) => {
-                if let Some(service) = record.service_ref() {
-                    touched.extend(apply_record(m, &service, Some(&record)));
-                }
-            }
-            Event::Delete(record) => {
-                if let Some(service) = record.service_ref() {
-                    touched.extend(apply_record(m, &service, None));
-                }
-            }
-            Event::Init => m.records_listing.clear(),
-            Event::InitApply(record) => m.records_listing.push(record),
-            Event::InitDone => {
-                // One atomic reset of all three stores.
-                let (mut exports, mut services, mut slices) = (Vec::new(), Vec::new(), Vec::new());
-                for record in std::mem::take(&mut m.records_listing) {
-                    let (e, s, sl) = record.to_objects();
-                    exports.push(e);
-                    services.extend(s);
-                    slices.extend(sl);
-                }
-                touched.extend(m.exports.reset(exports));
-                touched.extend(m.services.reset(services));
-                touched.extend(m.slices.reset(slices));
-            }
-        }
-        touched
-    }
-
-    fn lease_event(
-        &mut self,
-        id: &ClusterId,
-        e: Event<k8s_openapi::api::coordination::v1::Lease>,
-        now: Instant,
-    ) {
-        let m = self
-            .members
-            .entry(id.clone())
-            .or_insert_with(MemberState::new);
-        let seen = |lease: &k8s_openapi::api::coordination::v1::Lease,
-                    previous: Option<&LeaseSeen>| {
-            let spec = lease.spec.as_ref();
-            let renew = spec
-                .and_then(|s| s.renew_time.as_ref())
-                .map(|t| t.0.to_string());
-            let duration = spec
-                .and_then(|s| s.lease_duration_seconds)
-                .map_or(Duration::from_secs(40), |s| {
-                    Duration::from_secs(s.max(1) as u64)
-                });
-            LeaseSeen::update(previous, renew, duration, now)
-        };
-        match e {
-            Event::Apply(lease) | Event::InitApply(lease) => {
-                m.health.lease = Some(seen(&lease, m.health.lease.as_ref()));
-            }
-            // A deleted Lease is an expired one.
-            Event::Delete(_) => {
-                m.health.lease = Some(LeaseSeen {
-                    renew_time: None,
-                    seen_at: now,
-                    duration: Duration::ZERO,
-                });
-            }
-            Event::Init => {}
-            Event::InitDone => {
-                m.lease_listed = true;
-                // A member that never wrote a Lease counts from now.
-                m.health.lease.get_or_insert(LeaseSeen {
-                    renew_time: None,
-                    seen_at: now,
-                    duration: Duration::from_secs(40),
-                });
-            }
-        }
-    }
-
-    /// Records a watch error; returns whether member health may have changed.
-    fn watch_error(
-        &mut self,
-        origin: Origin,
-        kind: &'static str,
-        error: String,
-        forbidden: bool,
-        now: Instant,
-    ) -> bool {
-        match origin {
-            Origin::Hub => {
-                if !self.hub.errors.contains_key(kind) {
-                    if forbidden {
-                        tracing::error!(
-                            kind,
-                            error,
-                            "the hub refuses a watch (403): the agent's hub identity lacks a permission of deploy/rbac/hub-member.yaml"
-                        );
-                    } else {
-                        tracing::warn!(kind, error, "hub watch failing");
-                    }
-                }
-                let was_down = self.hub.down();
-                self.hub.fail(kind, error, now);
-                !was_down
-            }
-            Origin::Member(id) => {
-                let hub_mode = self.settings.mode == Mode::Hub;
-                let m = match self.members.get_mut(&id) {
-                    Some(m) => m,
-                    // Hub: a member's namespace the hub refuses to show, before any record.
-                    None if hub_mode => self
-                        .members
-                        .entry(id.clone())
-                        .or_insert_with(MemberState::new),
-                    None => return false,
-                };
-                let known = m.health.watch_errors.contains_key(kind);
-                if forbidden && !known {
-                    if hub_mode {
-                        tracing::warn!(cluster = %id, kind, error, "the hub refuses to show this member's namespace (403): its reader RoleBinding (deploy/rbac/hub-member.yaml) is missing, or not applied yet; the member counts as failing until it is");
-                    } else {
-                        tracing::error!(cluster = %id, kind, error, "watch forbidden (403): the identity used for this cluster lacks a permission (deploy/rbac/agent-local.yaml in the agent's own cluster, agent-peer-reader.yaml in a peer)");
-                    }
-                }
-                m.health
-                    .watch_errors
-                    .insert(kind, (error.clone(), forbidden));
-                if m.health.watch_failing_since.is_none() {
-                    if !forbidden {
-                        tracing::warn!(cluster = %id, kind, error, "watch failing");
-                    }
-                    m.health.watch_failing_since = Some(now);
-                    return true;
-                }
-                false
-            }
-        }
-    }
-}
-
-/// Replaces what a member's record says of one service (`None`: the record is gone).
-fn apply_record(
-    m: &mut MemberState,
-    service: &ServiceRef,
-    record: Option<&MemberExport>,
-) -> Touched {
-    let key = (
-        service.namespace.as_str().to_owned(),
-        service.name.as_str().to_owned(),
-    );
-    let mut touched = Touched::new();
-    match record.map(MemberExport::to_objects) {
-        Some((export, svc, slices)) => {
-            touched.extend(m.exports.apply(export));
-            touched.extend(match svc {
-                Some(svc) => m.services.apply(svc),
-                None => m.services.delete(&key),
-            });
-            touched.extend(m.slices.replace_service(service, slices));
-        }
-        None => {
-            touched.extend(m.exports.delete(&key));
-            touched.extend(m.services.delete(&key));
-            touched.extend(m.slices.replace_service(service, Vec::new()));
-        }
-    }
-    touched
 }
 
 /// Whether a namespace is being deleted (its content is being removed; the API server

@@ -1,0 +1,322 @@
+//! What each watch's events do to the state.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::watcher::Event;
+use mcs_core::ClusterId;
+use mcs_core::name::ServiceRef;
+
+use super::super::health::LeaseSeen;
+use super::super::index::{Touched, key_of};
+use super::super::source::{KIND_SERVICE, KIND_SLICE, Origin};
+use super::{MemberState, Mode, State, is_terminating};
+use crate::hub::record::MemberExport;
+
+impl State {
+    pub(super) fn service_event(&mut self, service: &ServiceRef, e: Event<Service>) -> Touched {
+        let local = self.settings.local.clone();
+        let l = &mut self.local;
+        let Some(m) = self.members.get_mut(&local) else {
+            return Touched::new();
+        };
+        match e {
+            Event::Apply(s) => m.services.apply(s),
+            Event::Delete(s) => m.services.delete(&key_of(&s)),
+            Event::Init => {
+                l.service_listing.insert(service.clone(), Vec::new());
+                Touched::new()
+            }
+            Event::InitApply(s) => {
+                l.service_listing
+                    .entry(service.clone())
+                    .or_default()
+                    .push(s);
+                Touched::new()
+            }
+            Event::InitDone => {
+                let list = l.service_listing.remove(service).unwrap_or_default();
+                l.listed.insert((service.clone(), KIND_SERVICE));
+                m.services.replace_service(service, list)
+            }
+        }
+    }
+
+    pub(super) fn slices_event(
+        &mut self,
+        service: &ServiceRef,
+        e: Event<EndpointSlice>,
+    ) -> Touched {
+        let local = self.settings.local.clone();
+        let l = &mut self.local;
+        let Some(m) = self.members.get_mut(&local) else {
+            return Touched::new();
+        };
+        match e {
+            Event::Apply(s) => m.slices.apply(s),
+            Event::Delete(s) => m.slices.delete(&key_of(&s)),
+            Event::Init => {
+                l.slice_listing.insert(service.clone(), Vec::new());
+                Touched::new()
+            }
+            Event::InitApply(s) => {
+                l.slice_listing.entry(service.clone()).or_default().push(s);
+                Touched::new()
+            }
+            Event::InitDone => {
+                let list = l.slice_listing.remove(service).unwrap_or_default();
+                l.listed.insert((service.clone(), KIND_SLICE));
+                m.slices.replace_service(service, list)
+            }
+        }
+    }
+
+    pub(super) fn namespace_event(&mut self, e: Event<Namespace>) -> Touched {
+        let l = &mut self.local;
+        let before: BTreeMap<String, bool> = l
+            .namespaces
+            .iter()
+            .map(|(n, ns)| (n.clone(), is_terminating(ns)))
+            .collect();
+        match e {
+            Event::Apply(ns) => {
+                if let Some(name) = ns.metadata.name.clone() {
+                    l.namespaces.insert(name, ns);
+                }
+            }
+            Event::Delete(ns) => {
+                if let Some(name) = &ns.metadata.name {
+                    l.namespaces.remove(name);
+                }
+            }
+            Event::Init => l.namespaces_listing.clear(),
+            Event::InitApply(ns) => l.namespaces_listing.push(ns),
+            Event::InitDone => {
+                l.namespaces = std::mem::take(&mut l.namespaces_listing)
+                    .into_iter()
+                    .filter_map(|ns| Some((ns.metadata.name.clone()?, ns)))
+                    .collect();
+                l.namespaces_listed = true;
+            }
+        }
+        let after: BTreeMap<String, bool> = l
+            .namespaces
+            .iter()
+            .map(|(n, ns)| (n.clone(), is_terminating(ns)))
+            .collect();
+        // A namespace appearing, going or starting to terminate touches every service in it.
+        let changed: BTreeSet<&String> = before
+            .keys()
+            .chain(after.keys())
+            .filter(|n| before.get(*n) != after.get(*n))
+            .collect();
+        if changed.is_empty() {
+            return Touched::new();
+        }
+        self.all_services()
+            .into_iter()
+            .filter(|s| changed.contains(&s.namespace.as_str().to_owned()))
+            .collect()
+    }
+
+    pub(super) fn members_event(&mut self, e: Event<Namespace>) -> Touched {
+        let local = self.settings.local.clone();
+        let member = |ns: &Namespace| super::super::source::hub::member_of(ns);
+        let mut touched = Touched::new();
+        match e {
+            Event::Apply(ns) | Event::InitApply(ns) => {
+                if let Some(id) = member(&ns).filter(|id| *id != local) {
+                    self.members.entry(id).or_insert_with(MemberState::new);
+                }
+            }
+            Event::Delete(ns) => {
+                if let Some(id) = member(&ns).filter(|id| *id != local)
+                    && let Some(mut m) = self.members.remove(&id)
+                {
+                    tracing::info!(cluster = %id, "member left the hub");
+                    touched.extend(m.clear());
+                }
+            }
+            Event::Init => {}
+            Event::InitDone => {
+                self.members_listed = true;
+            }
+        }
+        touched
+    }
+
+    pub(super) fn record_event(&mut self, id: &ClusterId, e: Event<MemberExport>) -> Touched {
+        let m = self
+            .members
+            .entry(id.clone())
+            .or_insert_with(MemberState::new);
+        let mut touched = Touched::new();
+        match e {
+            Event::Apply(record) => {
+                if let Some(service) = record.service_ref() {
+                    touched.extend(apply_record(m, &service, Some(&record)));
+                }
+            }
+            Event::Delete(record) => {
+                if let Some(service) = record.service_ref() {
+                    touched.extend(apply_record(m, &service, None));
+                }
+            }
+            Event::Init => m.records_listing.clear(),
+            Event::InitApply(record) => m.records_listing.push(record),
+            Event::InitDone => {
+                // One atomic reset of all three stores.
+                let (mut exports, mut services, mut slices) = (Vec::new(), Vec::new(), Vec::new());
+                for record in std::mem::take(&mut m.records_listing) {
+                    let (e, s, sl) = record.to_objects();
+                    exports.push(e);
+                    services.extend(s);
+                    slices.extend(sl);
+                }
+                touched.extend(m.exports.reset(exports));
+                touched.extend(m.services.reset(services));
+                touched.extend(m.slices.reset(slices));
+            }
+        }
+        touched
+    }
+
+    pub(super) fn lease_event(
+        &mut self,
+        id: &ClusterId,
+        e: Event<k8s_openapi::api::coordination::v1::Lease>,
+        now: Instant,
+    ) {
+        let m = self
+            .members
+            .entry(id.clone())
+            .or_insert_with(MemberState::new);
+        let seen = |lease: &k8s_openapi::api::coordination::v1::Lease,
+                    previous: Option<&LeaseSeen>| {
+            let spec = lease.spec.as_ref();
+            let renew = spec
+                .and_then(|s| s.renew_time.as_ref())
+                .map(|t| t.0.to_string());
+            let duration = spec
+                .and_then(|s| s.lease_duration_seconds)
+                .map_or(Duration::from_secs(40), |s| {
+                    Duration::from_secs(s.max(1) as u64)
+                });
+            LeaseSeen::update(previous, renew, duration, now)
+        };
+        match e {
+            Event::Apply(lease) | Event::InitApply(lease) => {
+                m.health.lease = Some(seen(&lease, m.health.lease.as_ref()));
+            }
+            // A deleted Lease is an expired one.
+            Event::Delete(_) => {
+                m.health.lease = Some(LeaseSeen {
+                    renew_time: None,
+                    seen_at: now,
+                    duration: Duration::ZERO,
+                });
+            }
+            Event::Init => {}
+            Event::InitDone => {
+                m.lease_listed = true;
+                // A member that never wrote a Lease counts from now.
+                m.health.lease.get_or_insert(LeaseSeen {
+                    renew_time: None,
+                    seen_at: now,
+                    duration: Duration::from_secs(40),
+                });
+            }
+        }
+    }
+
+    /// Records a watch error; returns whether member health may have changed.
+    pub(super) fn watch_error(
+        &mut self,
+        origin: Origin,
+        kind: &'static str,
+        error: String,
+        forbidden: bool,
+        now: Instant,
+    ) -> bool {
+        match origin {
+            Origin::Hub => {
+                if !self.hub.errors.contains_key(kind) {
+                    if forbidden {
+                        tracing::error!(
+                            kind,
+                            error,
+                            "the hub refuses a watch (403): the agent's hub identity lacks a permission of deploy/rbac/hub-member.yaml"
+                        );
+                    } else {
+                        tracing::warn!(kind, error, "hub watch failing");
+                    }
+                }
+                let was_down = self.hub.down();
+                self.hub.fail(kind, error, now);
+                !was_down
+            }
+            Origin::Member(id) => {
+                let hub_mode = self.settings.mode == Mode::Hub;
+                let m = match self.members.get_mut(&id) {
+                    Some(m) => m,
+                    // Hub: a member's namespace the hub refuses to show, before any record.
+                    None if hub_mode => self
+                        .members
+                        .entry(id.clone())
+                        .or_insert_with(MemberState::new),
+                    None => return false,
+                };
+                let known = m.health.watch_errors.contains_key(kind);
+                if forbidden && !known {
+                    if hub_mode {
+                        tracing::warn!(cluster = %id, kind, error, "the hub refuses to show this member's namespace (403): its reader RoleBinding (deploy/rbac/hub-member.yaml) is missing, or not applied yet; the member counts as failing until it is");
+                    } else {
+                        tracing::error!(cluster = %id, kind, error, "watch forbidden (403): the identity used for this cluster lacks a permission (deploy/rbac/agent-local.yaml in the agent's own cluster, agent-peer-reader.yaml in a peer)");
+                    }
+                }
+                m.health
+                    .watch_errors
+                    .insert(kind, (error.clone(), forbidden));
+                if m.health.watch_failing_since.is_none() {
+                    if !forbidden {
+                        tracing::warn!(cluster = %id, kind, error, "watch failing");
+                    }
+                    m.health.watch_failing_since = Some(now);
+                    return true;
+                }
+                false
+            }
+        }
+    }
+}
+
+/// Replaces what a member's record says of one service (`None`: the record is gone).
+fn apply_record(
+    m: &mut MemberState,
+    service: &ServiceRef,
+    record: Option<&MemberExport>,
+) -> Touched {
+    let key = (
+        service.namespace.as_str().to_owned(),
+        service.name.as_str().to_owned(),
+    );
+    let mut touched = Touched::new();
+    match record.map(MemberExport::to_objects) {
+        Some((export, svc, slices)) => {
+            touched.extend(m.exports.apply(export));
+            touched.extend(match svc {
+                Some(svc) => m.services.apply(svc),
+                None => m.services.delete(&key),
+            });
+            touched.extend(m.slices.replace_service(service, slices));
+        }
+        None => {
+            touched.extend(m.exports.delete(&key));
+            touched.extend(m.services.delete(&key));
+            touched.extend(m.slices.replace_service(service, Vec::new()));
+        }
+    }
+    touched
+}
