@@ -2,6 +2,19 @@
 //! the property tests (`merge_props.rs`) and the `merge` fuzz target
 //! (`fuzz/fuzz_targets/merge.rs`, through `#[path]`). They panic on a violation: proptest
 //! shrinks a panicking case like a failed assertion, and libFuzzer reports it as a crash.
+//!
+//! What they prove, and what they do not: the shape of an outcome is checked against rules
+//! written here, apart from the engine (an import exactly when some export is valid, listing
+//! exactly the valid clusters; no repeated port name or protocol-port pair; each port routed
+//! to exactly the clusters that expose it and share an IP family with the import; the same
+//! Conflict condition on every valid export; a `Change` that is exactly the difference of
+//! two outcomes). Some answers are taken from the crate under test: whether an export is
+//! valid (`Constituent::validity`), whether a Service exposes a port
+//! (`ServiceFacts::exposes`), its families, and the Conflict reason's text. Where they are,
+//! these checks prove that the engine agrees with itself, not that it is right; which export
+//! is valid, which port a Service exposes, who wins and what the import holds are pinned by
+//! expectations written by hand from the KEP in `merge_table.rs` and `merge_conformance.rs`
+//! (the upstream conformance cases).
 
 use std::collections::{BTreeMap, BTreeSet};
 
