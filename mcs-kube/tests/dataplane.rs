@@ -26,7 +26,8 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Client;
 use kube::api::Api;
-use mcs_client::{Http, McsLayer, Served};
+use mcs_client::connect::Tcp;
+use mcs_client::{CloneBody, Http, McsLayer, Retry, Served};
 use mcs_core::discovery::{Resolution, Resolve, Target};
 use mcs_core::endpoints::Locality;
 use mcs_kube::dns::{DnsConfig, DnsServer};
@@ -668,10 +669,13 @@ async fn case_client_layer(lab: &mut Lab, world: &World) {
 
     // East's Pods go away while requests keep flowing: first their sandboxes (veths and
     // namespaces removed, as when a node dies before the API server notices), then the
-    // Deployment scales to 0 and north's imports follow.
+    // Deployment scales to 0 and north's imports follow. The client retries a request whose
+    // connection could not be made on another endpoint (as many times as east has Pods, so
+    // the last try is west's) and gives up connecting after CONNECT_TIMEOUT.
     let stop = Arc::new(AtomicBool::new(false));
     let log: ProbeLog = Default::default();
-    let (probe, layer) = probe_layer(world, URL, Arc::clone(&log), Arc::clone(&stop));
+    let retries = Retries::On(east_pods.len() as u32);
+    let (probe, layer) = probe_layer(world, URL, Arc::clone(&log), Arc::clone(&stop), retries);
     support::wait_for("the prober answered", ROUTE_TIMEOUT, || async {
         (!log.lock().unwrap().is_empty()).then_some(())
     })
@@ -695,6 +699,15 @@ async fn case_client_layer(lab: &mut Lab, world: &World) {
     .await
     .unwrap();
     assert!(still.is_empty(), "removed pods still answer: {still:?}");
+    // North's imports still list east's Pods as ready, so the layer still picks them: those
+    // requests cannot connect, and go to another endpoint. 50 requests go out so before
+    // east's Deployment scales down.
+    support::wait_for(
+        "50 requests sent after the sandboxes went",
+        ROUTE_TIMEOUT,
+        || async { (answers_after(&log, t0) >= 50).then_some(()) },
+    )
+    .await;
     support::scale_deployment(set.client(EAST), NS, "api", 0).await;
     support::wait_ready_pods(set.client(EAST), NS, "app=api", 0).await;
     let west: BTreeSet<String> = pods
@@ -738,7 +751,34 @@ async fn case_client_layer(lab: &mut Lab, world: &World) {
         .iter()
         .filter(|(at, _, _)| *at > t0 && *at <= t_settled)
         .collect();
-    let failed = during.iter().filter(|(_, _, a)| a.is_err()).count();
+    // What may fail: a request already sent on a connection to an east Pod when its sandbox
+    // went (or sent on it before the layer knew): it reached the wire, so it is not sent
+    // again, and it times out. The prober sends one request at a time, so its pool holds at
+    // most one connection per Pod, and a connection whose request timed out is closed: at
+    // most one such failure per east Pod. Every other request is answered.
+    let failures: Vec<&String> = during
+        .iter()
+        .filter_map(|(_, _, a)| a.as_ref().err())
+        .collect();
+    let east_ips: BTreeSet<String> = east_pods
+        .iter()
+        .map(|a| a.split(' ').nth(1).unwrap().to_owned())
+        .collect();
+    let timed_out_at: BTreeSet<String> = failures
+        .iter()
+        .filter(|e| e.contains("in cluster east: timed out after"))
+        .filter_map(|e| {
+            let endpoint = e.split(" failed at endpoint ").nth(1)?.split(' ').next()?;
+            Some(endpoint.rsplit_once(':')?.0.to_owned())
+        })
+        .collect();
+    assert!(
+        failures.len() == timed_out_at.len() && timed_out_at.is_subset(&east_ips),
+        "with retries on, a request fails only by timing out on a connection to an east Pod \
+         it was sent on, at most one per Pod ({east_ips:?}); {} failed: {failures:#?}",
+        failures.len()
+    );
+    let failed = failures.len();
     let last_failure = during
         .iter()
         .filter(|(_, _, a)| a.is_err())
@@ -818,7 +858,21 @@ fn probe_kube_proxy(
 
 /// The layer a [`probe_layer`] sends through, kept so a test can wait on its view of the
 /// endpoints ([`McsLayer::wait_for_endpoints`]).
-type ProbeLayer = McsLayer;
+type ProbeLayer = McsLayer<CloneBody>;
+
+/// How a [`probe_layer`]'s client treats an endpoint that does not answer.
+#[derive(Clone, Copy)]
+enum Retries {
+    /// No retry; connecting waits as long as the request timeout allows (the layer's
+    /// defaults).
+    Off,
+    /// A request whose connection could not be made goes to another endpoint, up to this
+    /// many times; connecting gives up after [`CONNECT_TIMEOUT`].
+    On(u32),
+}
+
+/// How long a [`Retries::On`] prober waits for a connection to be made.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Probes `url` from the client pod through the `mcs-client` layer (north's resolver),
 /// until `stop` (or [`PROBE_MAX`] requests). Returns the prober and its layer.
@@ -827,14 +881,20 @@ fn probe_layer(
     url: &'static str,
     log: ProbeLog,
     stop: Arc<AtomicBool>,
+    retries: Retries,
 ) -> (tokio::task::JoinHandle<()>, ProbeLayer) {
     let resolver = LabResolver {
         lab: tokio::runtime::Handle::current(),
         inner: KubeResolver::new(world.set.client(NORTH).clone()),
     };
     let north = world.set.ids[NORTH].clone();
+    let (max_retries, connect_timeout) = match retries {
+        Retries::Off => (0, None),
+        Retries::On(n) => (n, Some(CONNECT_TIMEOUT)),
+    };
     let layer = McsLayer::builder(resolver, Locality::cluster(north))
         .request_timeout(REQUEST_TIMEOUT)
+        .retry(Retry::new(CloneBody).max_retries(max_retries))
         .build();
     let probe_layer = layer.clone();
     let probe = tokio::spawn(netlab::run_in_netns(
@@ -844,7 +904,13 @@ fn probe_layer(
                 .pool_timer(TokioTimer::new())
                 .pool_idle_timeout(Duration::from_secs(30))
                 .clone();
-            let svc = probe_layer.layer(Http::new(builder));
+            let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
+            connector.set_nodelay(true);
+            connector.set_connect_timeout(connect_timeout);
+            let svc = probe_layer.layer(Http::with_connector(
+                builder,
+                Tcp::from_connector(connector),
+            ));
             let mut pace = tokio::time::interval(PROBE_PACE);
             pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             for _ in 0..PROBE_MAX {
@@ -969,8 +1035,13 @@ async fn case_unready_east(world: &World, lab: &Lab) {
         lab.wait_kube_proxy_endpoints(NORTH, vip, &all).await;
         let stop = Arc::new(AtomicBool::new(false));
         let (proxy_log, layer_log): (ProbeLog, ProbeLog) = Default::default();
-        let (layer_probe, layer) =
-            probe_layer(world, URL, Arc::clone(&layer_log), Arc::clone(&stop));
+        let (layer_probe, layer) = probe_layer(
+            world,
+            URL,
+            Arc::clone(&layer_log),
+            Arc::clone(&stop),
+            Retries::Off,
+        );
         let probes = [
             probe_kube_proxy(world, vip, Arc::clone(&proxy_log), Arc::clone(&stop)),
             layer_probe,
