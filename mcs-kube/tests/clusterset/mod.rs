@@ -32,8 +32,6 @@ use super::support::{self, ClusterOptions, RequestLog, TestCluster};
 pub const IMPORT_TIMEOUT: Duration = Duration::from_secs(60);
 /// The conformance budget for EndpointSlices to appear.
 pub const SLICE_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long "must not exist" / "must stay" checks watch.
-pub const HOLD: Duration = Duration::from_secs(5);
 
 /// One in-process agent: how to stop it, how to force its resync, and what it asked its
 /// own cluster.
@@ -396,6 +394,59 @@ impl ClusterSet {
     pub fn client(&self, i: usize) -> &Client {
         &self.clients[i]
     }
+
+    /// [`settled_imports`] with the set's clients.
+    pub async fn settled_imports(
+        &self,
+        from: usize,
+        marker_ns: &str,
+        ns: &str,
+        name: &str,
+    ) -> Vec<Option<ServiceImport>> {
+        settled_imports(self, &self.clients, from, marker_ns, ns, name).await
+    }
+}
+
+/// The ServiceImport `ns/name` of each cluster of `set` (read with `clients`; `None` where
+/// there is none, or no such namespace), once every agent has caught up with what cluster
+/// `from` exported until now: how a test states that an import is, and stays, absent (or
+/// present, or without IPs) without watching it for a while.
+///
+/// Cluster `from` exports a marker Service in `marker_ns` (a namespace every cluster has)
+/// after the change under test. Once a cluster imports the marker, its agent has read
+/// `from`'s exports past every earlier change: in the mesh through one watch of them (all
+/// namespaces), whose events come in order; in the hub through `from`'s records, which its
+/// agent writes one at a time in the order it saw the exports, and the hub's watch delivers
+/// in order. A full resync of that agent, waited for, then reconciles every service with
+/// all it has read and writes what it decides before the import is read. The marker is
+/// unexported at the end.
+pub async fn settled_imports(
+    set: &ClusterSet,
+    clients: &[Client],
+    from: usize,
+    marker_ns: &str,
+    ns: &str,
+    name: &str,
+) -> Vec<Option<ServiceImport>> {
+    let marker = format!("{name}-settled");
+    create_service(&clients[from], marker_ns, &hello_service(&marker)).await;
+    export(&clients[from], marker_ns, &marker, None).await;
+    let mut imports = Vec::new();
+    for (i, client) in clients.iter().enumerate() {
+        wait_import(
+            client,
+            marker_ns,
+            &marker,
+            "the marker export imported",
+            |_| true,
+        )
+        .await;
+        set.resync(i).await;
+        let api: Api<ServiceImport> = Api::namespaced(client.clone(), ns);
+        imports.push(api.get_opt(name).await.expect("get ServiceImport"));
+    }
+    unexport(&clients[from], marker_ns, &marker).await;
+    imports
 }
 
 /// A [`ClusterSet`] of east, west and north with an agent each, shared by the tests of
@@ -536,6 +587,16 @@ impl Case {
         for c in &self.clients {
             support::create_namespace(c, ns).await;
         }
+    }
+
+    /// [`settled_imports`] of `name` in this case's namespace, the marker in `marker_ns`.
+    pub async fn settled_imports(
+        &self,
+        from: usize,
+        marker_ns: &str,
+        name: &str,
+    ) -> Vec<Option<ServiceImport>> {
+        settled_imports(&self.set, &self.clients, from, marker_ns, &self.ns, name).await
     }
 
     /// [`ClusterSet::wait_published`] with this case's hub client.
@@ -767,22 +828,6 @@ pub async fn wait_no_import(client: &Client, ns: &str, name: &str, what: &str) {
         async move { matches!(api.get_opt(name).await, Ok(None)).then_some(()) }
     })
     .await
-}
-
-/// Asserts the ServiceImport stays absent (or present) for the conformance hold time.
-pub async fn hold_import(client: &Client, ns: &str, name: &str, present: bool) {
-    let api: Api<ServiceImport> = Api::namespaced(client.clone(), ns);
-    let end = tokio::time::Instant::now() + HOLD;
-    while tokio::time::Instant::now() < end {
-        let got = api.get_opt(name).await.expect("get ServiceImport");
-        assert_eq!(
-            got.is_some(),
-            present,
-            "ServiceImport {ns}/{name} present={} during the hold",
-            got.is_some()
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 pub async fn export_condition(
