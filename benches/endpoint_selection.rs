@@ -27,7 +27,7 @@
 //! - `build/...`: building a 10,000-endpoint snapshot: from a full reset into an empty
 //!   balancer, and the rebuild after a one-endpoint change (state carried over).
 //!
-//! Run (as for the figures in `docs/testing.md`; about 10 minutes):
+//! Run (as for the figures in `docs/results.md`; about 10 minutes):
 //! `cargo bench --bench endpoint_selection -- --warm-up-time 1 --measurement-time 4`.
 
 mod support;
