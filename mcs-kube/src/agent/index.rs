@@ -23,13 +23,85 @@ pub(crate) fn key_of<K: Resource>(obj: &K) -> Key {
     )
 }
 
+/// The objects of a watch's (re-)list in progress. kube-runtime's watcher sends `Init`, one
+/// `InitApply` per object, then `InitDone`; what was known before stays true until the list
+/// is complete, and then the list replaces it at once (kube-runtime's reflector store does
+/// the same; the agent keeps its own stores to index objects by service and to say which
+/// services a change touched). `T` is what is kept of each listed object.
+#[derive(Debug)]
+pub(crate) struct Relist<T>(Vec<T>);
+
+impl<T> Default for Relist<T> {
+    fn default() -> Self {
+        Self(Vec::new())
+    }
+}
+
+/// What one watch event means once re-lists are buffered by a [`Relist`].
+#[derive(Debug)]
+pub(crate) enum Seen<K> {
+    /// An object was created or changed.
+    Apply(K),
+    /// An object was deleted.
+    Delete(K),
+    /// A (re-)list is complete: every object, to replace what was known.
+    Listed(Vec<K>),
+    /// Part of a list in progress: nothing to do yet.
+    Listing,
+}
+
+impl<T> Relist<T> {
+    /// Notes `event` without taking it, keeping `keep(object)` of each listed object; returns
+    /// the whole list when `event` completes one.
+    pub(crate) fn note<K>(
+        &mut self,
+        event: &Event<K>,
+        keep: impl FnOnce(&K) -> Option<T>,
+    ) -> Option<Vec<T>> {
+        match event {
+            Event::Init => {
+                self.0.clear();
+                None
+            }
+            Event::InitApply(obj) => {
+                self.0.extend(keep(obj));
+                None
+            }
+            Event::InitDone => Some(std::mem::take(&mut self.0)),
+            Event::Apply(_) | Event::Delete(_) => None,
+        }
+    }
+
+    /// Takes `event`: a change, a complete list, or part of a list (kept here).
+    pub(crate) fn take(&mut self, event: Event<T>) -> Seen<T> {
+        match event {
+            Event::Apply(obj) => Seen::Apply(obj),
+            Event::Delete(obj) => Seen::Delete(obj),
+            Event::Init => {
+                self.0.clear();
+                Seen::Listing
+            }
+            Event::InitApply(obj) => {
+                self.0.push(obj);
+                Seen::Listing
+            }
+            Event::InitDone => Seen::Listed(std::mem::take(&mut self.0)),
+        }
+    }
+
+    /// Forgets a list in progress.
+    pub(crate) fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
 /// Objects of one kind from one cluster, with the service each belongs to.
 #[derive(Debug)]
 pub(crate) struct Store<K> {
     objects: BTreeMap<Key, K>,
     by_service: BTreeMap<ServiceRef, BTreeSet<Key>>,
     service_of: fn(&K) -> Option<ServiceRef>,
-    listing: Vec<K>,
+    listing: Relist<K>,
     listed: bool,
 }
 
@@ -41,28 +113,18 @@ impl<K: Resource + Clone + PartialEq> Store<K> {
             objects: BTreeMap::new(),
             by_service: BTreeMap::new(),
             service_of,
-            listing: Vec::new(),
+            listing: Relist::default(),
             listed: false,
         }
     }
 
     /// Applies one watch event; returns the services it touched.
     pub(crate) fn handle(&mut self, event: Event<K>) -> Touched {
-        match event {
-            Event::Apply(obj) => self.apply(obj),
-            Event::Delete(obj) => self.delete(&key_of(&obj)),
-            Event::Init => {
-                self.listing.clear();
-                Touched::new()
-            }
-            Event::InitApply(obj) => {
-                self.listing.push(obj);
-                Touched::new()
-            }
-            Event::InitDone => {
-                let list = std::mem::take(&mut self.listing);
-                self.reset(list)
-            }
+        match self.listing.take(event) {
+            Seen::Apply(obj) => self.apply(obj),
+            Seen::Delete(obj) => self.delete(&key_of(&obj)),
+            Seen::Listed(list) => self.reset(list),
+            Seen::Listing => Touched::new(),
         }
     }
 
@@ -281,6 +343,53 @@ mod tests {
         assert_eq!(store.delete(&o("d-1")), BTreeSet::from([k("d")]));
         assert_eq!(store.clear(), BTreeSet::from([k("b")]));
         assert_eq!(store.len(), 0);
+    }
+
+    #[test]
+    fn a_relist_is_whole_only_at_its_end_and_a_new_one_starts_afresh() {
+        let mut relist: Relist<String> = Relist::default();
+        let name = |s: &EndpointSlice| s.metadata.name.clone();
+        assert_eq!(relist.note(&Event::Init, name), None);
+        assert_eq!(
+            relist.note(&Event::InitApply(slice("a", "a", "1")), name),
+            None
+        );
+        // A change between lists is not part of one.
+        assert_eq!(relist.note(&Event::Apply(slice("x", "x", "1")), name), None);
+        // The watch restarts its list: what came before is dropped.
+        assert_eq!(relist.note(&Event::Init, name), None);
+        assert_eq!(
+            relist.note(&Event::InitApply(slice("b", "b", "1")), name),
+            None
+        );
+        assert_eq!(
+            relist.note(&Event::InitDone::<EndpointSlice>, name),
+            Some(vec!["b".to_owned()])
+        );
+        assert_eq!(
+            relist.note(&Event::InitDone::<EndpointSlice>, name),
+            Some(vec![])
+        );
+
+        let mut relist: Relist<EndpointSlice> = Relist::default();
+        assert!(matches!(relist.take(Event::Init), Seen::Listing));
+        assert!(matches!(
+            relist.take(Event::InitApply(slice("a", "a", "1"))),
+            Seen::Listing
+        ));
+        assert!(matches!(
+            relist.take(Event::Apply(slice("x", "x", "1"))),
+            Seen::Apply(_)
+        ));
+        assert!(matches!(
+            relist.take(Event::Delete(slice("x", "x", "1"))),
+            Seen::Delete(_)
+        ));
+        relist.clear();
+        match relist.take(Event::InitDone) {
+            Seen::Listed(list) => assert!(list.is_empty(), "cleared: {list:?}"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

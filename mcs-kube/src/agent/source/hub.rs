@@ -28,6 +28,7 @@ fn hub_backoff() -> watcher::ExponentialBackoff {
         .without_max_times()
         .into()
 }
+use crate::agent::index::Relist;
 use crate::hub::record::MemberExport;
 use crate::hub::{LABEL_MEMBER, LEASE_NAME, member_namespace};
 
@@ -64,7 +65,7 @@ pub(crate) fn spawn(
         .backoff(hub_backoff());
         let mut namespaces = std::pin::pin!(namespaces);
         let mut watched: BTreeMap<ClusterId, [AbortHandle; 2]> = BTreeMap::new();
-        let mut listing: Vec<ClusterId> = Vec::new();
+        let mut listing: Relist<ClusterId> = Relist::default();
         let mut children = tokio::task::JoinSet::new();
         while let Some(event) = namespaces.next().await {
             let event = match event {
@@ -83,12 +84,11 @@ pub(crate) fn spawn(
             match &event {
                 Event::Apply(ns) => start.extend(member_of(ns)),
                 Event::Delete(ns) => stop.extend(member_of(ns)),
-                Event::Init => listing.clear(),
-                Event::InitApply(ns) => listing.extend(member_of(ns)),
-                Event::InitDone => {
-                    let listed = std::mem::take(&mut listing);
-                    stop.extend(watched.keys().filter(|m| !listed.contains(m)).cloned());
-                    start.extend(listed);
+                Event::Init | Event::InitApply(_) | Event::InitDone => {
+                    if let Some(listed) = listing.note(&event, member_of) {
+                        stop.extend(watched.keys().filter(|m| !listed.contains(m)).cloned());
+                        start.extend(listed);
+                    }
                 }
             }
             // Members first learn of each other's namespaces, then of their records.

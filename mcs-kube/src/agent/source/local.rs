@@ -22,7 +22,7 @@ use super::{
 use crate::agent::desired::{
     LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY, LABEL_SLICE_MANAGED_BY, MANAGED_BY,
 };
-use crate::agent::index::own_service;
+use crate::agent::index::{Relist, own_service};
 
 /// Watches what the agent writes and the Namespaces it writes into.
 pub(crate) fn spawn_own(
@@ -93,7 +93,7 @@ pub(crate) fn spawn_exported(
         .default_backoff();
         let mut exports = std::pin::pin!(exports);
         let mut watched: BTreeMap<ServiceRef, [AbortHandle; 2]> = BTreeMap::new();
-        let mut listing: Vec<ServiceRef> = Vec::new();
+        let mut listing: Relist<ServiceRef> = Relist::default();
         let mut children = tokio::task::JoinSet::new();
         while let Some(event) = exports.next().await {
             let event = match event {
@@ -124,15 +124,9 @@ pub(crate) fn spawn_exported(
                     }
                     None
                 }
-                Event::Init => {
-                    listing.clear();
-                    None
+                Event::Init | Event::InitApply(_) | Event::InitDone => {
+                    listing.note(&event, own_service)
                 }
-                Event::InitApply(e) => {
-                    listing.extend(own_service(e));
-                    None
-                }
-                Event::InitDone => Some(std::mem::take(&mut listing)),
             };
             if tx.send(Fact::Export(local.clone(), event)).await.is_err() {
                 return;

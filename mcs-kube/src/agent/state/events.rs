@@ -10,7 +10,7 @@ use mcs_core::ClusterId;
 use mcs_core::name::ServiceRef;
 
 use super::super::health::LeaseSeen;
-use super::super::index::{Touched, key_of};
+use super::super::index::{Seen, Touched, key_of};
 use super::super::source::{KIND_SERVICE, KIND_SLICE, Origin};
 use super::{MemberState, Mode, State, is_terminating};
 use crate::hub::record::MemberExport;
@@ -22,22 +22,17 @@ impl State {
         let Some(m) = self.members.get_mut(&local) else {
             return Touched::new();
         };
-        match e {
-            Event::Apply(s) => m.services.apply(s),
-            Event::Delete(s) => m.services.delete(&key_of(&s)),
-            Event::Init => {
-                l.service_listing.insert(service.clone(), Vec::new());
-                Touched::new()
-            }
-            Event::InitApply(s) => {
-                l.service_listing
-                    .entry(service.clone())
-                    .or_default()
-                    .push(s);
-                Touched::new()
-            }
-            Event::InitDone => {
-                let list = l.service_listing.remove(service).unwrap_or_default();
+        match l
+            .service_listing
+            .entry(service.clone())
+            .or_default()
+            .take(e)
+        {
+            Seen::Apply(s) => m.services.apply(s),
+            Seen::Delete(s) => m.services.delete(&key_of(&s)),
+            Seen::Listing => Touched::new(),
+            Seen::Listed(list) => {
+                l.service_listing.remove(service);
                 l.listed.insert((service.clone(), KIND_SERVICE));
                 m.services.replace_service(service, list)
             }
@@ -54,19 +49,12 @@ impl State {
         let Some(m) = self.members.get_mut(&local) else {
             return Touched::new();
         };
-        match e {
-            Event::Apply(s) => m.slices.apply(s),
-            Event::Delete(s) => m.slices.delete(&key_of(&s)),
-            Event::Init => {
-                l.slice_listing.insert(service.clone(), Vec::new());
-                Touched::new()
-            }
-            Event::InitApply(s) => {
-                l.slice_listing.entry(service.clone()).or_default().push(s);
-                Touched::new()
-            }
-            Event::InitDone => {
-                let list = l.slice_listing.remove(service).unwrap_or_default();
+        match l.slice_listing.entry(service.clone()).or_default().take(e) {
+            Seen::Apply(s) => m.slices.apply(s),
+            Seen::Delete(s) => m.slices.delete(&key_of(&s)),
+            Seen::Listing => Touched::new(),
+            Seen::Listed(list) => {
+                l.slice_listing.remove(service);
                 l.listed.insert((service.clone(), KIND_SLICE));
                 m.slices.replace_service(service, list)
             }
@@ -80,21 +68,20 @@ impl State {
             .iter()
             .map(|(n, ns)| (n.clone(), is_terminating(ns)))
             .collect();
-        match e {
-            Event::Apply(ns) => {
+        match l.namespaces_listing.take(e) {
+            Seen::Apply(ns) => {
                 if let Some(name) = ns.metadata.name.clone() {
                     l.namespaces.insert(name, ns);
                 }
             }
-            Event::Delete(ns) => {
+            Seen::Delete(ns) => {
                 if let Some(name) = &ns.metadata.name {
                     l.namespaces.remove(name);
                 }
             }
-            Event::Init => l.namespaces_listing.clear(),
-            Event::InitApply(ns) => l.namespaces_listing.push(ns),
-            Event::InitDone => {
-                l.namespaces = std::mem::take(&mut l.namespaces_listing)
+            Seen::Listing => {}
+            Seen::Listed(list) => {
+                l.namespaces = list
                     .into_iter()
                     .filter_map(|ns| Some((ns.metadata.name.clone()?, ns)))
                     .collect();
@@ -153,23 +140,22 @@ impl State {
             .entry(id.clone())
             .or_insert_with(MemberState::new);
         let mut touched = Touched::new();
-        match e {
-            Event::Apply(record) => {
+        match m.records_listing.take(e) {
+            Seen::Apply(record) => {
                 if let Some(service) = record.service_ref() {
                     touched.extend(apply_record(m, &service, Some(&record)));
                 }
             }
-            Event::Delete(record) => {
+            Seen::Delete(record) => {
                 if let Some(service) = record.service_ref() {
                     touched.extend(apply_record(m, &service, None));
                 }
             }
-            Event::Init => m.records_listing.clear(),
-            Event::InitApply(record) => m.records_listing.push(record),
-            Event::InitDone => {
+            Seen::Listing => {}
+            Seen::Listed(records) => {
                 // One atomic reset of all three stores.
                 let (mut exports, mut services, mut slices) = (Vec::new(), Vec::new(), Vec::new());
-                for record in std::mem::take(&mut m.records_listing) {
+                for record in records {
                     let (e, s, sl) = record.to_objects();
                     exports.push(e);
                     services.extend(s);

@@ -17,7 +17,7 @@ use mcs_core::name::ServiceRef;
 
 use super::desired::{LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY, MANAGED_BY};
 use super::health::{self, HubHealth, MemberHealth, Verdict};
-use super::index::{Store, Touched, labelled_service, own_service};
+use super::index::{Relist, Store, Touched, labelled_service, own_service};
 use super::reconcile::{Observed, Publication, ServiceInputs};
 use super::source::{Fact, KIND_LEASE, KIND_RECORD, Origin};
 use crate::hub::record::MemberExport;
@@ -60,7 +60,7 @@ pub(crate) struct MemberState {
     pub(crate) slices: Store<EndpointSlice>,
     pub(crate) health: MemberHealth,
     /// Hub: records being listed (a re-list is applied at once when done).
-    records_listing: Vec<MemberExport>,
+    records_listing: Relist<MemberExport>,
     /// Hub: whether its Lease watch has listed.
     lease_listed: bool,
 }
@@ -72,7 +72,7 @@ impl MemberState {
             services: Store::new(service_of_service),
             slices: Store::new(service_of_slice),
             health: MemberHealth::default(),
-            records_listing: Vec::new(),
+            records_listing: Relist::default(),
             lease_listed: false,
         }
     }
@@ -98,7 +98,7 @@ impl MemberState {
 /// also its own records on the hub and the per-service lists still awaited.
 pub(crate) struct LocalState {
     namespaces: BTreeMap<String, Namespace>,
-    namespaces_listing: Vec<Namespace>,
+    namespaces_listing: Relist<Namespace>,
     namespaces_listed: bool,
     pub(crate) imports: Store<ServiceImport>,
     pub(crate) imported: Store<EndpointSlice>,
@@ -107,8 +107,8 @@ pub(crate) struct LocalState {
     /// Per-service watches (hub) whose first list has arrived: (service, kind).
     listed: BTreeSet<(ServiceRef, &'static str)>,
     /// Per-service lists in progress (hub).
-    service_listing: BTreeMap<ServiceRef, Vec<Service>>,
-    slice_listing: BTreeMap<ServiceRef, Vec<EndpointSlice>>,
+    service_listing: BTreeMap<ServiceRef, Relist<Service>>,
+    slice_listing: BTreeMap<ServiceRef, Relist<EndpointSlice>>,
 }
 
 /// What a fact changed.
@@ -154,7 +154,7 @@ impl State {
             members,
             local: LocalState {
                 namespaces: BTreeMap::new(),
-                namespaces_listing: Vec::new(),
+                namespaces_listing: Relist::default(),
                 namespaces_listed: false,
                 imports: Store::new(own_service),
                 imported: Store::new(service_of_mcs_slice),
