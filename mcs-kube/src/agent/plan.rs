@@ -88,6 +88,7 @@ use kube::runtime::watcher::Event;
 use mcs_core::ClusterId;
 use mcs_core::api::v1beta1::{ClusterProperty, ServiceExport, ServiceImport};
 use mcs_core::api::{CLUSTER_ID_PROPERTY, IpFamily, LABEL_SERVICE_NAME, ServiceExportStatus};
+use mcs_core::cidr::{Cidr, CidrError};
 use mcs_core::name::ServiceRef;
 
 use super::desired::{
@@ -433,7 +434,7 @@ impl ClusterSetPlan {
 #[derive(Debug)]
 pub struct ClusterObjects {
     id: ClusterId,
-    cidrs: Vec<Cidr>,
+    cidrs: Vec<ServiceRange>,
     namespaces: BTreeSet<String>,
     services: BTreeMap<Key, Service>,
     exports: BTreeMap<Key, ServiceExport>,
@@ -509,7 +510,7 @@ impl ClusterObjects {
         })
     }
 
-    fn new(id: ClusterId, cidrs: Vec<Cidr>) -> Self {
+    fn new(id: ClusterId, cidrs: Vec<ServiceRange>) -> Self {
         Self {
             id,
             cidrs,
@@ -671,7 +672,7 @@ impl ClusterObjects {
                 None => cidr
                     .hosts()
                     .find(|ip| !self.allocated.contains(ip))
-                    .ok_or_else(|| err(format!("no free address left in {}", cidr.text)))?,
+                    .ok_or_else(|| err(format!("no free address left in {}", cidr.cidr)))?,
             };
             ips.push(ip);
         }
@@ -859,70 +860,62 @@ fn facts(local: &ClusterId, clusters: &BTreeMap<ClusterId, ClusterObjects>) -> V
     facts
 }
 
-/// A service CIDR: a network and its prefix length.
+/// A service range to allocate ClusterIPs from: a [`Cidr`] written as its network address,
+/// with room for the network address, the `kubernetes` Service's and at least one more.
 #[derive(Clone, Debug)]
-struct Cidr {
-    text: String,
+struct ServiceRange {
+    cidr: Cidr,
     family: IpFamily,
-    network: u128,
-    /// The host part of an address in the range.
-    host_mask: u128,
 }
 
-impl Cidr {
+impl ServiceRange {
     fn parse(text: &str) -> Result<Self, String> {
-        let (addr, prefix) = text
+        let cidr: Cidr = text.parse().map_err(|e: CidrError| e.to_string())?;
+        let written = text
             .split_once('/')
-            .ok_or_else(|| "expected <address>/<prefix length>".to_owned())?;
-        let addr: IpAddr = addr
-            .parse()
-            .map_err(|_| format!("{addr:?} is not an IP address"))?;
-        let (family, bits, network) = match addr {
-            IpAddr::V4(a) => (IpFamily::IPv4, 32, u128::from(u32::from(a))),
-            IpAddr::V6(a) => (IpFamily::IPv6, 128, u128::from(a)),
-        };
-        let prefix: u32 = prefix
-            .parse()
-            .ok()
-            .filter(|p| *p <= bits)
-            .ok_or_else(|| format!("{prefix:?} is not a prefix length up to {bits}"))?;
-        let host_bits = bits - prefix;
-        // The network address, the `kubernetes` Service's and at least one more.
-        if host_bits < 2 {
-            return Err("the range is too small to allocate from".to_owned());
-        }
-        let host_mask = if host_bits == 128 {
-            u128::MAX
-        } else {
-            (1u128 << host_bits) - 1
-        };
-        if network & host_mask != 0 {
+            .and_then(|(a, _)| a.trim().parse().ok());
+        if written != Some(cidr.network()) {
             return Err("host bits are set; give the network address".to_owned());
         }
-        Ok(Self {
-            text: text.to_owned(),
-            family,
-            network,
-            host_mask,
-        })
+        let family = match cidr.network() {
+            IpAddr::V4(_) => IpFamily::IPv4,
+            IpAddr::V6(_) => IpFamily::IPv6,
+        };
+        let range = Self { cidr, family };
+        if range.host_bits() < 2 {
+            return Err("the range is too small to allocate from".to_owned());
+        }
+        Ok(range)
+    }
+
+    fn host_bits(&self) -> u32 {
+        let bits = if self.family == IpFamily::IPv4 {
+            32
+        } else {
+            128
+        };
+        bits - u32::from(self.cidr.prefix())
     }
 
     fn contains(&self, ip: IpAddr) -> bool {
-        let value = match (self.family, ip) {
-            (IpFamily::IPv4, IpAddr::V4(a)) => u128::from(u32::from(a)),
-            (IpFamily::IPv6, IpAddr::V6(a)) => u128::from(a),
-            _ => return false,
-        };
-        value & !self.host_mask == self.network
+        self.cidr.contains(ip)
     }
 
     /// Allocatable addresses in order: after the network address and the first host
     /// address, before an IPv4 range's broadcast address. At most 2^16 are offered (enough
     /// for any plan, bounded for an IPv6 /64).
     fn hosts(&self) -> impl Iterator<Item = IpAddr> + '_ {
-        let last = self.host_mask.min(1 << 16) - u128::from(self.family == IpFamily::IPv4);
+        let host_mask = match self.host_bits() {
+            128 => u128::MAX,
+            bits => (1u128 << bits) - 1,
+        };
+        let network = match self.cidr.network() {
+            IpAddr::V4(a) => u128::from(u32::from(a)),
+            IpAddr::V6(a) => u128::from(a),
+        };
+        let last = host_mask.min(1 << 16) - u128::from(self.family == IpFamily::IPv4);
         (2..=last).map(move |offset| {
-            let value = self.network + offset;
+            let value = network + offset;
             match self.family {
                 IpFamily::IPv4 => {
                     IpAddr::from(u32::try_from(value).unwrap_or(u32::MAX).to_be_bytes())
@@ -933,7 +926,7 @@ impl Cidr {
     }
 }
 
-fn parse_cidrs(cluster: &ClusterId, text: &str) -> Result<Vec<Cidr>, PlanError> {
+fn parse_cidrs(cluster: &ClusterId, text: &str) -> Result<Vec<ServiceRange>, PlanError> {
     let err = |problem: String| PlanError::ServiceCidr {
         cluster: cluster.clone(),
         cidr: text.to_owned(),
@@ -941,7 +934,7 @@ fn parse_cidrs(cluster: &ClusterId, text: &str) -> Result<Vec<Cidr>, PlanError> 
     };
     let cidrs = text
         .split(',')
-        .map(|c| Cidr::parse(c.trim()))
+        .map(|c| ServiceRange::parse(c.trim()))
         .collect::<Result<Vec<_>, _>>()
         .map_err(err)?;
     match cidrs.as_slice() {
