@@ -10,7 +10,8 @@
 //! being deleted is removed by kwok at once, as a kubelet would after its containers
 //! stopped. One such Node, [`KWOK_NODE`], is registered at start; the harness removes the
 //! `node.kubernetes.io/not-ready` taint the API server puts on new Nodes (no node
-//! lifecycle controller runs to do it).
+//! lifecycle controller runs to do it), and has kwok give one Pod an IP there before any
+//! test's Pods (see `warm_up_ip_pool`: kwok could give two Pods the same first address).
 //!
 //! Readiness: kwok's `pod-ready` stage only acts on Pending Pods, so a Running Pod keeps
 //! the status a test gives it. [`set_pod_ready`] patches the Pod's `Ready` and
@@ -187,6 +188,62 @@ pub(super) async fn add_node(cluster: &mut TestCluster) {
             }
         } => {}
     }
+    let (client, name) = (cluster.client().await, cluster.name().to_owned());
+    tokio::select! {
+        () = warm_up_ip_pool(client, &name) => {}
+        () = async {
+            loop {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                cluster.assert_pods_running();
+            }
+        } => {}
+    }
+}
+
+/// Has kwok give one Pod an IP on [`KWOK_NODE`], alone, and deletes it. kwok makes a node's
+/// pool of Pod IPs when it first needs one, without a lock around making it (v0.8.0,
+/// `PodController.ipPool`: a load, then a store), so two Pods that reach a new node at once
+/// can be given the same first address from two pools (seen: two Pods of one Deployment
+/// both at `10.10.0.1`). Once one Pod has had an IP, the node's pool exists and hands out
+/// each address once.
+async fn warm_up_ip_pool(client: Client, cluster: &str) {
+    const NAME: &str = "kwok-ip-pool-warm-up";
+    const NS: &str = "default";
+    let pods: Api<Pod> = Api::namespaced(client, NS);
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": { "name": NAME },
+        "spec": {
+            "nodeName": KWOK_NODE,
+            "containers": [{ "name": "c", "image": "kwok-ip-pool-warm-up" }],
+        },
+    }))
+    .expect("a Pod");
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .unwrap_or_else(|e| panic!("cluster {cluster}: creating pod {NAME}: {e}"));
+    let what = format!("cluster {cluster}: pod {NAME} given an IP by kwok");
+    wait_watched(
+        pods.clone(),
+        watcher::Config::default().fields(&format!("metadata.name={NAME}")),
+        &what,
+        POD_TIMEOUT,
+        |pods| pods.first().and_then(|p| p.status.as_ref()?.pod_ip.clone()),
+    )
+    .await;
+    pods.delete(NAME, &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("cluster {cluster}: deleting pod {NAME}: {e}"));
+    let what = format!("cluster {cluster}: pod {NAME} gone");
+    wait_watched(
+        pods,
+        watcher::Config::default().fields(&format!("metadata.name={NAME}")),
+        &what,
+        POD_TIMEOUT,
+        |pods| pods.is_empty().then_some(()),
+    )
+    .await;
 }
 
 /// Waits on a watch (`kube::runtime::watcher`, with a reflector store) until `pred`, asked
