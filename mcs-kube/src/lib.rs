@@ -19,6 +19,7 @@ pub mod admin;
 pub mod agent;
 pub mod dns;
 pub mod hub;
+pub mod labels;
 pub mod metrics;
 pub mod resolver;
 

@@ -13,14 +13,9 @@ use mcs_core::api::{LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER, ServicePort};
 use mcs_core::slices::{endpoints_field, endpoints_of};
 use sha2::{Digest, Sha256};
 
-/// `endpointslice.kubernetes.io/managed-by` of the slices the agent writes.
-pub const MANAGED_BY: &str = "mcs-agent";
-/// The label Kubernetes uses to tie an EndpointSlice to its Service.
-pub const LABEL_K8S_SERVICE_NAME: &str = "kubernetes.io/service-name";
-/// The EndpointSlice managed-by label.
-pub const LABEL_SLICE_MANAGED_BY: &str = "endpointslice.kubernetes.io/managed-by";
-/// The label the agent puts on every object it creates (and on nothing else).
-pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+pub use crate::labels::{
+    LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY, LABEL_SLICE_MANAGED_BY, MANAGED_BY,
+};
 /// Endpoints per imported slice (the Kubernetes default `maxEndpointsPerSlice`).
 pub const MAX_ENDPOINTS_PER_SLICE: usize = 100;
 

@@ -15,7 +15,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::{LABEL_CLUSTER, LABEL_SERVICE_NAMESPACE};
-use crate::agent::desired::LABEL_K8S_SERVICE_NAME;
+use crate::labels::LABEL_K8S_SERVICE_NAME;
 
 /// What one member exports of one service: the export's creation time and exported
 /// labels and annotations, the fields of the member's Service that take part in the merge,
