@@ -22,10 +22,8 @@
 
 #![allow(missing_docs)]
 
-#[path = "../mcs-kube/tests/clusterset/mod.rs"]
-mod clusterset;
-#[path = "../mcs-kube/tests/support/mod.rs"]
-mod support;
+use mcs_testkit as support;
+use mcs_testkit::clusterset;
 
 use std::collections::HashMap;
 use std::convert::Infallible;

@@ -5,8 +5,7 @@
 
 #[path = "../examples/import_inventory.rs"]
 mod example;
-#[path = "../mcs-kube/tests/support/mod.rs"]
-mod support;
+use mcs_testkit as support;
 
 use std::time::Duration;
 

@@ -34,8 +34,7 @@
 //! Times are wall-clock on a shared machine: context, not pass/fail. The tables at the end
 //! are what `docs/scale.md` quotes.
 
-#[path = "../../mcs-kube/tests/support/mod.rs"]
-mod support;
+use mcs_testkit as support;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

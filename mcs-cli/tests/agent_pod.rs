@@ -9,8 +9,7 @@
 //! Needs root and what `scripts/test.sh` installs (kubelet, containerd, helm, umoci,
 //! skopeo).
 
-#[path = "../../mcs-kube/tests/support/mod.rs"]
-mod support;
+use mcs_testkit as support;
 
 use std::path::Path;
 use std::time::Duration;

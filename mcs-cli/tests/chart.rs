@@ -6,8 +6,7 @@
 //! `deploy/rbac/` rule for rule, and `helm install` / `upgrade` / `uninstall` in the mesh
 //! and hub topologies leaving nothing behind but the CRDs.
 
-#[path = "../../mcs-kube/tests/support/mod.rs"]
-mod support;
+use mcs_testkit as support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

@@ -34,8 +34,7 @@
 //! skopeo), and the seed's programs built beside `mcs-agent` (`cargo test --workspace`,
 //! as `scripts/test.sh` runs, builds them).
 
-#[path = "../../mcs-kube/tests/support/mod.rs"]
-mod support;
+use mcs_testkit as support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

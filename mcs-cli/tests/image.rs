@@ -6,8 +6,7 @@
 //! Needs root, `umoci`, `skopeo` and `runc` (Debian packages; `scripts/test.sh` installs
 //! them) and the Kubernetes binaries of `scripts/k8s-bins.sh`.
 
-#[path = "../../mcs-kube/tests/support/mod.rs"]
-mod support;
+use mcs_testkit as support;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -15,8 +15,7 @@
 //!   shows that endpoint as local; a member whose API server is down makes `status` exit 1 and
 //!   `check` report it; a context that does not exist exits 2.
 
-#[path = "../../mcs-kube/tests/support/mod.rs"]
-mod support;
+use mcs_testkit as support;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

@@ -3,8 +3,7 @@
 //! in-cluster or default configuration), not from whichever `--member` comes first, and it
 //! says so clearly when that property is missing or holds no usable id.
 
-#[path = "../../mcs-kube/tests/support/mod.rs"]
-mod support;
+use mcs_testkit as support;
 
 use std::collections::BTreeMap;
 use std::process::Stdio;

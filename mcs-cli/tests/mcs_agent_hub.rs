@@ -2,11 +2,9 @@
 //! members and a hub, each agent holding only its own cluster's credentials and its
 //! least-privilege hub identity (`deploy/rbac/hub-member.yaml`, applied as shipped).
 
-#[path = "../../mcs-kube/tests/support/mod.rs"]
-mod support;
+use mcs_testkit as support;
 
-#[path = "../../mcs-kube/tests/clusterset/mod.rs"]
-mod clusterset;
+use mcs_testkit::clusterset;
 
 use std::process::Stdio;
 use std::time::Duration;

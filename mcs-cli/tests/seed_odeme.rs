@@ -11,8 +11,7 @@
 //! `odeme.magaza.svc.clusterset.local`, the host of `http://odeme.magaza.svc.clusterset.local`,
 //! resolves to it through uretim-tr's `mcs-dns`.
 
-#[path = "../../mcs-kube/tests/support/mod.rs"]
-mod support;
+use mcs_testkit as support;
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;

@@ -9,8 +9,7 @@
 //! name, 10% bare-name SRV, 5% per-endpoint A, 10% NXDOMAIN. dnsperf (Debian package) runs
 //! for `MCS_DNSPERF_SECONDS` (default 10) with 4 clients; its report is printed as is.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use mcs_testkit as support;
 
 use std::collections::BTreeMap;
 use std::io::Write;

@@ -28,8 +28,7 @@
 //! this process on a runtime of its own with as many workers as CoreDNS's GOMAXPROCS (the
 //! machine's cores), as the `mcs-dns` binary does.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use mcs_testkit as support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;

@@ -14,10 +14,8 @@
 //!
 //! Both are polled every 5 ms through the API, so figures are accurate to about that.
 
-#[path = "../tests/clusterset/mod.rs"]
-mod clusterset;
-#[path = "../tests/support/mod.rs"]
-mod support;
+use mcs_testkit as support;
+use mcs_testkit::clusterset;
 
 use std::time::{Duration, Instant};
 

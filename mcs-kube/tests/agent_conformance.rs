@@ -5,8 +5,8 @@
 //! case in a generated namespace of one ClusterSet; case 16 runs Pods (kwok and the
 //! controller-manager) and has clusters of its own.
 
-mod clusterset;
-mod support;
+use mcs_testkit as support;
+use mcs_testkit::clusterset;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;

@@ -3,8 +3,8 @@
 //! an agent, nor count all its writes, share a ClusterSet per topology ([`Case`]), each in a
 //! namespace of its own.
 
-mod clusterset;
-mod support;
+use mcs_testkit as support;
+use mcs_testkit::clusterset;
 
 use std::time::Duration;
 

@@ -22,8 +22,8 @@
 //! export left (a fresh agent would re-elect): so the final states here are ones where
 //! sticky and fresh agree (every conflicting export still present, or identical specs).
 
-mod clusterset;
-mod support;
+use mcs_testkit as support;
+use mcs_testkit::clusterset;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -3,8 +3,8 @@
 //! shipped): imports from the hub's records, what a member may do there, Lease expiry and
 //! return, a hub outage, a member's restart, and what each agent watches in its own cluster.
 
-mod clusterset;
-mod support;
+use mcs_testkit as support;
+use mcs_testkit::clusterset;
 
 use std::time::Duration;
 

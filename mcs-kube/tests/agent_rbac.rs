@@ -8,8 +8,8 @@
 //! from the cluster's CA, and the DNS server's ServiceAccount (from
 //! `deploy/dns/deployment.yaml`, bound by `dns.yaml`).
 
-mod clusterset;
-mod support;
+use mcs_testkit as support;
+use mcs_testkit::clusterset;
 
 use support::{apply_manifest, typed};
 

@@ -7,8 +7,8 @@
 //! One test function runs the cases in sequence on one lab (starting it is most of the
 //! time). Needs root, iproute2 and nftables; see `docs/testing.md`.
 
-mod clusterset;
-mod support;
+use mcs_testkit as support;
+use mcs_testkit::clusterset;
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

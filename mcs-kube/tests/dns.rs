@@ -2,7 +2,7 @@
 //! hickory-resolver and with `dig` as an independent client (KEP-1645, "DNS"; conformance
 //! cases 22-27 with imports and slices written straight into the cluster).
 
-mod support;
+use mcs_testkit as support;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};

@@ -4,8 +4,8 @@
 //! readiness changes and scaling while the headless name is asked all along: no
 //! answer may fail or come back empty while a ready endpoint exists.
 
-mod clusterset;
-mod support;
+use mcs_testkit as support;
+use mcs_testkit::clusterset;
 
 use std::net::SocketAddr;
 use std::process::Command;

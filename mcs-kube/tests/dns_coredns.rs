@@ -6,8 +6,8 @@
 //! NS names (mcs-dns names a server outside the zone, see
 //! `mcs_core::dns::DEFAULT_NAMESERVER`).
 
-mod clusterset;
-mod support;
+use mcs_testkit as support;
+use mcs_testkit::clusterset;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -5,7 +5,7 @@
 //! forward target, the health endpoint), and the plugin is pointed at the test's API
 //! server through its `kubeconfig` option. Questions go to CoreDNS only.
 
-mod support;
+use mcs_testkit as support;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};

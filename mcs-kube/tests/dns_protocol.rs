@@ -10,7 +10,7 @@
 //! - before the watches have listed (here: the ServiceImport CRD is not installed yet, so
 //!   they cannot) names in the zone get SERVFAIL, names outside it REFUSED.
 
-mod support;
+use mcs_testkit as support;
 
 use std::net::SocketAddr;
 use std::process::Command;

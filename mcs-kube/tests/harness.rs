@@ -1,8 +1,8 @@
-//! Tests of the real-Kubernetes harness itself (`tests/support`): parallel start,
+//! Tests of the real-Kubernetes harness itself (`mcs-testkit`): parallel start,
 //! isolation between clusters, API server restart, and kube-controller-manager
 //! producing EndpointSlices. Needs the binaries from `scripts/k8s-bins.sh`.
 
-mod support;
+use mcs_testkit as support;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};

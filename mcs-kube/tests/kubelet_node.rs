@@ -3,7 +3,7 @@
 //! readiness probe is the kubelet's own; and the node's teardown leaves no process, mount,
 //! namespace or cgroup behind.
 
-mod support;
+use mcs_testkit as support;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;

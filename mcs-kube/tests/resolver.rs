@@ -3,8 +3,8 @@
 //! imported slices, to control their exact shape); and on real Pods, a Deployment scaled
 //! up and down while a balancer picks from what the resolver delivers.
 
-mod clusterset;
-mod support;
+use mcs_testkit as support;
+use mcs_testkit::clusterset;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

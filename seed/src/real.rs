@@ -13,9 +13,7 @@
 //! Nothing listens on a pod's address: its containers are gRPC servers on loopback, and the
 //! checkouts dial pod addresses through [`Network`].
 
-#[path = "../../mcs-kube/tests/support/mod.rs"]
-#[allow(clippy::all, missing_docs, unused_qualifications)]
-mod support;
+use mcs_testkit as support;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

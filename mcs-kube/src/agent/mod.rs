@@ -24,14 +24,16 @@
 //! answers again, state converges without a restart.
 //!
 //! Modules: [`desired`] and `reconcile` decide (no I/O); `index` holds watch state; the
-//! controller and writer only wire watches, decisions and writes together. [`plan`] runs the
-//! same decisions over in-memory clusters.
+//! controller and writer only wire watches, decisions and writes together. `plan` (behind
+//! the unstable `unstable-plan` feature, for the project's seed and examples) runs the same
+//! decisions over in-memory clusters.
 
 pub mod cidr;
 mod controller;
 pub mod desired;
 mod health;
 pub(crate) mod index;
+#[cfg(feature = "unstable-plan")]
 pub mod plan;
 mod publish;
 pub(crate) mod reconcile;

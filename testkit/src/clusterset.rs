@@ -1,8 +1,6 @@
 //! A ClusterSet for agent tests: real API servers (the `support` harness) with one
 //! in-process `mcs-agent` per member, plus the conformance fixtures (sigs.k8s.io/mcs-api `conformance/`).
 
-#![allow(dead_code, unreachable_pub)]
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -23,7 +21,8 @@ use mcs_kube::agent::{
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use super::support::{self, ClusterOptions, RequestLog, TestCluster};
+use crate as support;
+use crate::{ClusterOptions, RequestLog, TestCluster};
 
 /// How long a wait for an import or a condition may take before the test fails: a bound
 /// for a hang, not a speed claim (it takes 0.1-0.3 s here). 20 s ran out once for a hub
@@ -56,6 +55,7 @@ pub enum Topo {
 
 /// The hub of a [`Topo::Hub`] set.
 pub struct Hub {
+    /// The hub's API server.
     pub cluster: TestCluster,
     /// Admin client.
     pub admin: Client,
@@ -66,11 +66,17 @@ pub struct Hub {
 /// Lease duration of hub-topology test agents (renewed every third of it).
 pub const HUB_LEASE: Duration = Duration::from_secs(3);
 
+/// Member clusters (real API servers), each with its in-process agent unless started bare.
 pub struct ClusterSet {
+    /// The members' API servers, in the order of their names.
     pub clusters: Vec<TestCluster>,
+    /// An admin client per member.
     pub clients: Vec<Client>,
+    /// Each member's cluster id (its name).
     pub ids: Vec<ClusterId>,
+    /// Mesh or hub.
     pub topo: Topo,
+    /// The hub, in the hub topology.
     pub hub: Option<Hub>,
     agents: Vec<Option<RunningAgent>>,
     grace: Duration,
@@ -79,7 +85,7 @@ pub struct ClusterSet {
 
 /// Declares each `async fn name(topo: Topo)` of a test file as two tests, `mesh::name`
 /// and `hub::name`, so a case proves itself in both topologies.
-#[allow(unused_macros)]
+#[macro_export]
 macro_rules! in_both_topologies {
     ($($name:ident),+ $(,)?) => {
         mod mesh {
@@ -100,8 +106,7 @@ macro_rules! in_both_topologies {
         }
     };
 }
-#[allow(unused_imports)]
-pub(crate) use in_both_topologies;
+pub use crate::in_both_topologies;
 
 impl ClusterSet {
     /// Starts `names.len()` clusters and one agent per cluster.
@@ -230,6 +235,8 @@ impl ClusterSet {
         Self::start_inner(names, false, Duration::from_secs(60), false).await
     }
 
+    /// Starts the clusters (with kube-controller-manager if asked) and one agent per member
+    /// whose unreachable-member grace period is `grace`.
     pub async fn start_with(names: &[&str], controller_manager: bool, grace: Duration) -> Self {
         Self::start_inner(names, controller_manager, grace, true).await
     }
@@ -391,6 +398,7 @@ impl ClusterSet {
         }
     }
 
+    /// Member `i`'s admin client (the one its agent uses).
     pub fn client(&self, i: usize) -> &Client {
         &self.clients[i]
     }
@@ -541,7 +549,9 @@ impl Drop for SharedSet {
 /// [`Case::namespace`] and [`Case::wait_published`] use them; the set's own clients serve
 /// its agents only.
 pub struct Case {
+    /// The shared set.
     pub set: std::sync::Arc<SharedSet>,
+    /// The case's namespace, in every member.
     pub ns: String,
     clients: Vec<Client>,
     hub_admin: Option<Client>,
@@ -723,6 +733,7 @@ pub fn hello_service(name: &str) -> Service {
     }
 }
 
+/// `svc` made headless (`clusterIP: None`).
 pub fn headless(mut svc: Service) -> Service {
     let spec = svc.spec.as_mut().unwrap();
     spec.cluster_ip = Some("None".into());
@@ -731,6 +742,7 @@ pub fn headless(mut svc: Service) -> Service {
     svc
 }
 
+/// Creates `svc` in `ns`; the created object.
 pub async fn create_service(client: &Client, ns: &str, svc: &Service) -> Service {
     let api: Api<Service> = Api::namespaced(client.clone(), ns);
     api.create(&PostParams::default(), svc)
@@ -738,6 +750,8 @@ pub async fn create_service(client: &Client, ns: &str, svc: &Service) -> Service
         .expect("create Service")
 }
 
+/// Replaces the Service of `svc`'s name in `ns` with `svc` (keeping its resource version and
+/// allocated cluster IPs); the result.
 pub async fn replace_service(client: &Client, ns: &str, mut svc: Service) -> Service {
     let api: Api<Service> = Api::namespaced(client.clone(), ns);
     let name = svc.metadata.name.clone().unwrap();
@@ -752,6 +766,7 @@ pub async fn replace_service(client: &Client, ns: &str, mut svc: Service) -> Ser
         .expect("replace Service")
 }
 
+/// Deletes the Service `ns/name`.
 pub async fn delete_service(client: &Client, ns: &str, name: &str) {
     let api: Api<Service> = Api::namespaced(client.clone(), ns);
     api.delete(name, &DeleteParams::default())
@@ -788,6 +803,7 @@ pub async fn export(
         .expect("create ServiceExport")
 }
 
+/// Deletes the ServiceExport `ns/name`.
 pub async fn unexport(client: &Client, ns: &str, name: &str) {
     let api: Api<ServiceExport> = Api::namespaced(client.clone(), ns);
     api.delete(name, &DeleteParams::default())
@@ -821,6 +837,7 @@ pub async fn wait_import(
     .await
 }
 
+/// Waits until `ns/name` has no ServiceImport (`what` names the wait in its failure).
 pub async fn wait_no_import(client: &Client, ns: &str, name: &str, what: &str) {
     let api: Api<ServiceImport> = Api::namespaced(client.clone(), ns);
     support::wait_for(what, IMPORT_TIMEOUT, || {
@@ -830,6 +847,7 @@ pub async fn wait_no_import(client: &Client, ns: &str, name: &str, what: &str) {
     .await
 }
 
+/// The export's condition `type_`, if the export and the condition exist.
 pub async fn export_condition(
     client: &Client,
     ns: &str,
@@ -865,6 +883,7 @@ pub async fn wait_export_condition(
     .await
 }
 
+/// The EndpointSlices in `ns` labelled with the MCS service name `name`.
 pub async fn mcs_slices(client: &Client, ns: &str, name: &str) -> Vec<EndpointSlice> {
     let api: Api<EndpointSlice> = Api::namespaced(client.clone(), ns);
     api.list(

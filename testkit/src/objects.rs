@@ -157,7 +157,7 @@ pub async fn delete_pod_now(client: &Client, ns: &str, name: &str) {
 /// Delete a namespace and wait (up to `timeout`) until kube-controller-manager's
 /// namespace controller has removed it. Its Pods are deleted with grace period 0
 /// first, standing in for the kubelet (see [`delete_pod_now`]). Needs
-/// [`ClusterOptions::controller_manager`].
+/// [`ClusterOptions::controller_manager`](crate::ClusterOptions::controller_manager).
 pub async fn delete_namespace(client: &Client, ns: &str, timeout: Duration) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let list = pods
@@ -201,7 +201,7 @@ pub async fn create_exported_service(
 }
 
 /// A token for ServiceAccount `ns/name` through the TokenRequest API (the ServiceAccount is
-/// created if missing; valid for an hour). Use it with [`TestCluster::client_with_token`].
+/// created if missing; valid for an hour). Use it with [`TestCluster::client_with_token`](crate::TestCluster::client_with_token).
 pub async fn service_account_token(client: &Client, ns: &str, name: &str) -> String {
     use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
     use k8s_openapi::api::core::v1::ServiceAccount;

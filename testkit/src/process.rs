@@ -77,7 +77,7 @@ fn remove_stale_dirs(root: &Path) {
         let path = e.path();
         let name = e.file_name().to_string_lossy().into_owned();
         // A node's folder holds mounts and its Pods' processes: the node sweep
-        // (`support/node.rs`) tears it down first.
+        // (`node.rs`) tears it down first.
         let is_ours = name.starts_with("mcs-k8s-") && !name.starts_with("mcs-k8s-node-");
         let Ok(pid) = fs::read_to_string(path.join("owner.pid")) else {
             continue;

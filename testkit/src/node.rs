@@ -1011,7 +1011,7 @@ fn has_interpreter(elf: &[u8]) -> bool {
     })
 }
 
-/// Compiles `tests/images/pause.c` statically (its text is part of the harness, so the
+/// Compiles `testkit/images/pause.c` statically (its text is part of the harness, so the
 /// crates that include the harness by path find it too).
 fn build_pause(dir: &Path) -> PathBuf {
     let src = dir.join("pause.c");

@@ -33,13 +33,16 @@
 //! - [`coredns`]: CoreDNS started with a Corefile the test writes ([`CoreDns`]);
 //! - [`image`]: the project's image from a test build's binaries ([`build_mcs_image`]).
 //!
-//! Users include this file by path (`#[path = ".../support/mod.rs"] mod support;`) and
-//! use everything as `support::...`.
-#![allow(dead_code, unreachable_pub)]
+//! - [`clusterset`]: a ClusterSet of real API servers with one in-process agent per member,
+//!   in the mesh or the hub topology ([`clusterset::ClusterSet`]).
+//!
+//! Tests name it `support` (`use mcs_testkit as support;`) and use everything as
+//! `support::...`. It is not published: its API is the tests' and changes with them.
 
 mod bins;
 pub mod cluster;
 pub mod cluster_dns;
+pub mod clusterset;
 pub mod coredns;
 pub mod dns;
 pub mod http;
@@ -55,10 +58,7 @@ mod process;
 pub mod requests;
 pub mod wait;
 
-// Every user of the harness takes what it needs, so each leaves some of these unused.
-#[allow(unused_imports)]
 pub use self::kubeconfig::write as write_kubeconfig;
-#[allow(unused_imports)]
 pub use self::{
     bins::*, cluster::*, coredns::*, dns::*, http::*, image::*, kwok::*, manifests::*, objects::*,
     requests::*, wait::*,

@@ -85,13 +85,13 @@ pub struct ClusterOptions {
     /// ReplicaSet and StatefulSet controllers ([`KCM_WORKLOAD_CONTROLLERS`]) and node IPAM.
     /// Deployments and StatefulSets then become Running, Ready Pods with IPs from the pod
     /// CIDR, and their Services get EndpointSlices. Needs
-    /// [`ClusterOptions::controller_manager`]. See `support/kwok.rs` for the helpers.
+    /// [`ClusterOptions::controller_manager`]. See [`crate::kwok`] for the helpers.
     pub pods: bool,
     /// IPv6 as well as IPv4 (set by [`ClusterOptions::with_dual_stack`]): with
     /// [`ClusterOptions::pods`] and no [`ClusterOptions::pod_cidr`], the `i`-th cluster
     /// gets [`dual_stack_pod_cidr_for`]`(i)`, so its Pods have an address of each family.
     pub dual_stack: bool,
-    /// Real nodes will run Pods of this cluster (`support/node.rs`), so Pods must reach the
+    /// Real nodes will run Pods of this cluster ([`crate::node`]), so Pods must reach the
     /// API server as in a real cluster: it listens on every address of the lab's namespace
     /// and advertises [`LAB_DUMMY`] (the `kubernetes` Service's endpoint, which kube-proxy on
     /// the nodes routes to), and Pods get ServiceAccount tokens (the ServiceAccount
@@ -378,7 +378,7 @@ impl TestCluster {
 
     /// This cluster's kubeconfig with `user` in `groups` (a client certificate from the
     /// cluster's CA) instead of the admin, for processes a test starts with that identity
-    /// (write it with [`write_kubeconfig`]).
+    /// (write it with [`write_kubeconfig`](crate::write_kubeconfig)).
     pub fn kubeconfig_as_user(&self, user: &str, groups: &[&str]) -> Kubeconfig {
         let (cert, key) = pki::client_certificate(&self.path, &self.name, user, groups);
         let b64 = |s: String| base64::engine::general_purpose::STANDARD.encode(s);
@@ -393,7 +393,7 @@ impl TestCluster {
         kubeconfig
     }
 
-    /// A client authenticated with a bearer `token` (e.g. from [`service_account_token`]).
+    /// A client authenticated with a bearer `token` (e.g. from [`service_account_token`](crate::service_account_token)).
     pub async fn client_with_token(&self, token: &str) -> Client {
         let mut config =
             Config::from_custom_kubeconfig(self.kubeconfig.clone(), &KubeConfigOptions::default())
@@ -615,7 +615,7 @@ impl TestCluster {
             assert!(
                 super::netlab::in_a_lab(),
                 "cluster {}: ClusterOptions::kubelet_nodes makes the API server listen on every \
-                 address: start it inside a Lab (support/netlab.rs), never on the host",
+                 address: start it inside a Lab (testkit/src/netlab.rs), never on the host",
                 self.name
             );
             "0.0.0.0"

@@ -451,7 +451,7 @@ impl Lab {
     }
 
     /// Starts a real node of `cluster` in lab node `i`'s namespace: containerd and kubelet,
-    /// registered as Node `<cluster>-kubelet` (see `support/node.rs`); its Pods get
+    /// registered as Node `<cluster>-kubelet` (see [`crate::node`]); its Pods get
     /// addresses from the `podCIDR` the cluster gives it, which the lab routes to node `i`
     /// with the rest of the cluster's pod CIDR. Node `i`'s kube-proxy serves its Pods too.
     /// Waits until the Node is Ready. Must run inside the lab's runtime.
