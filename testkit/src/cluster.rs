@@ -393,7 +393,8 @@ impl TestCluster {
         kubeconfig
     }
 
-    /// A client authenticated with a bearer `token` (e.g. from [`service_account_token`](crate::service_account_token)).
+    /// A client authenticated with a bearer `token` (e.g. from
+    /// [`service_account_token`](crate::service_account_token)).
     pub async fn client_with_token(&self, token: &str) -> Client {
         let mut config =
             Config::from_custom_kubeconfig(self.kubeconfig.clone(), &KubeConfigOptions::default())

@@ -1,5 +1,6 @@
 //! Real Pods without a kubelet: kube-scheduler and kwok (`sigs.k8s.io/kwok`) in clusters
-//! started with [`ClusterOptions::pods`](crate::ClusterOptions::pods), and the helpers tests drive workloads with.
+//! started with [`ClusterOptions::pods`](crate::ClusterOptions::pods), and the helpers tests
+//! drive workloads with.
 //!
 //! What runs: kube-controller-manager adds the Deployment, ReplicaSet and StatefulSet
 //! controllers and node IPAM; kube-scheduler binds Pods to Nodes; kwok, started with its

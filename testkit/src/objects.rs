@@ -201,7 +201,8 @@ pub async fn create_exported_service(
 }
 
 /// A token for ServiceAccount `ns/name` through the TokenRequest API (the ServiceAccount is
-/// created if missing; valid for an hour). Use it with [`TestCluster::client_with_token`](crate::TestCluster::client_with_token).
+/// created if missing; valid for an hour). Use it with
+/// [`TestCluster::client_with_token`](crate::TestCluster::client_with_token).
 pub async fn service_account_token(client: &Client, ns: &str, name: &str) -> String {
     use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
     use k8s_openapi::api::core::v1::ServiceAccount;
