@@ -18,6 +18,9 @@
 //! - [`cidr`]: pod and service ranges, and the overlaps that break routing between members;
 //! - [`metrics`]: how the other crates describe the metrics they record.
 //!
+//! With the unstable `unstable-cluster-selection` feature, `selection`: cluster selection
+//! (KEP-5939), the ordered `clusterSelectors` of an export evaluated per importing cluster.
+//!
 //! Time and randomness are always passed in, so every algorithm is deterministic.
 //!
 //! # Kubernetes versions
@@ -64,6 +67,8 @@ pub mod endpoints;
 pub mod merge;
 pub mod metrics;
 pub mod name;
+#[cfg(feature = "unstable-cluster-selection")]
+pub mod selection;
 #[cfg(feature = "api")]
 pub mod slices;
 
