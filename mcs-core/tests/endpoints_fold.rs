@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use mcs_core::ClusterId;
 use mcs_core::discovery::{Endpoint, EndpointTable, Update};
 use mcs_core::endpoints::{
-    Balancer, BalancerConfig, EndpointState, Locality, Outcome, PickContext, Picked, StateHandle,
-    Tiering, TrafficDistribution,
+    Balancer, BalancerConfig, ClusterPreference, EndpointState, Locality, Outcome, PickContext,
+    Picked, StateHandle, Tiering, TrafficDistribution,
 };
 use oracle::{model, pick_set, snapshot_set};
 use proptest::prelude::*;
@@ -24,7 +24,7 @@ fn addr(i: u8) -> SocketAddr {
 fn endpoint() -> impl Strategy<Value = Endpoint> {
     (
         0u8..10,
-        0u8..2,
+        0u8..3,
         any::<bool>(),
         any::<bool>(),
         any::<bool>(),
@@ -48,6 +48,21 @@ fn update() -> impl Strategy<Value = Update> {
         3 => prop::collection::vec((0u8..10).prop_map(addr), 0..4).prop_map(Update::Remove),
         1 => Just(Update::DoesNotExist),
     ]
+}
+
+/// A cluster preference over c0..c2: up to four sets, each any subset (empty ones too).
+fn preference() -> impl Strategy<Value = ClusterPreference> {
+    prop::collection::vec(
+        prop::sample::subsequence(vec!["c0", "c1", "c2"], 0..=3),
+        0..4,
+    )
+    .prop_map(|sets| {
+        ClusterPreference::new(
+            sets.into_iter()
+                .map(|set| set.into_iter().map(|c| ClusterId::new(c).unwrap())),
+        )
+        .unwrap()
+    })
 }
 
 fn flat(t0: Instant) -> Balancer {
@@ -89,15 +104,18 @@ proptest! {
     /// Adds and removes rebuild only the addresses they touch; that gives the same tiers
     /// as building the final table from scratch, under every tiering rule that moves
     /// endpoints between tiers or in and out of the pick set (local zone and cluster
-    /// first, `PreferSameZone`, an eligible-cluster list, the serving-terminating
-    /// fallback), and when the eligible clusters change midway.
+    /// first, `PreferSameZone`, an eligible-cluster list, a cluster preference, the
+    /// serving-terminating fallback), and when the eligible clusters and the preference
+    /// change midway.
     #[test]
     fn incremental_builds_equal_full_builds(
         updates in prop::collection::vec(update(), 0..24),
         zone in prop::option::of(0u8..2),
         prefer_same_zone: bool,
-        eligible in prop::option::of(prop::sample::subsequence(vec!["c0", "c1"], 0..=2)),
+        eligible in prop::option::of(prop::sample::subsequence(vec!["c0", "c1", "c2"], 0..=3)),
         change_eligible_at in 0usize..24,
+        preference in prop::option::of(preference()),
+        change_preference_at in 0usize..24,
     ) {
         let mut locality = Locality::cluster(ClusterId::new("c0").unwrap());
         if let Some(z) = zone {
@@ -116,6 +134,9 @@ proptest! {
             if i == change_eligible_at {
                 incremental.set_eligible_clusters(eligible.as_ref().map(clusters));
             }
+            if i == change_preference_at {
+                incremental.set_cluster_preference(preference.clone());
+            }
             incremental.apply(u.clone());
         }
         let eligible = if change_eligible_at < updates.len() {
@@ -123,8 +144,10 @@ proptest! {
         } else {
             None
         };
+        let preference = preference.filter(|_| change_preference_at < updates.len());
         let full = Balancer::new(locality, config, t0);
         full.set_eligible_clusters(eligible);
+        full.set_cluster_preference(preference);
         let (expected, exists) = model(&updates);
         if exists.is_some() {
             full.apply(Update::Reset(expected.into_values().collect()));
@@ -140,6 +163,43 @@ proptest! {
         prop_assert_eq!(tiers(&incremental), tiers(&full));
         prop_assert_eq!(a.len(), b.len());
         prop_assert_eq!(a.serving_terminating(), b.serving_terminating());
+    }
+
+    /// With a cluster preference, the pick set is the flat pick set of the first set's
+    /// endpoints when that set has one that is ready (or serving while terminating), else
+    /// of every endpoint: whatever the updates, and after the preference is set, changed or
+    /// cleared at any point.
+    #[test]
+    fn a_preference_uses_the_first_set_with_a_usable_endpoint(
+        updates in prop::collection::vec(update(), 0..24),
+        preferences in prop::collection::vec((0usize..24, prop::option::of(preference())), 0..3),
+    ) {
+        let b = flat(Instant::now());
+        let mut current = None;
+        for (i, u) in updates.iter().enumerate() {
+            for (at, p) in &preferences {
+                if *at == i {
+                    b.set_cluster_preference(p.clone());
+                    current = p.clone();
+                }
+            }
+            b.apply(u.clone());
+            // Checked after every update, so that the incremental path is checked too.
+            let (table, _) = model(&updates[..=i]);
+            let usable = |e: &Endpoint| e.ready && !e.terminating || e.serving && e.terminating;
+            let chosen = current.as_ref().and_then(|p| {
+                p.sets().iter().find_map(|set| {
+                    let of_set: BTreeMap<_, _> = table
+                        .iter()
+                        .filter(|(_, e)| set.contains(&e.cluster))
+                        .map(|(a, e)| (*a, e.clone()))
+                        .collect();
+                    of_set.values().any(usable).then_some(of_set)
+                })
+            });
+            let expected = pick_set(chosen.as_ref().unwrap_or(&table));
+            prop_assert_eq!(snapshot_set(&b), expected, "after update {}", i);
+        }
     }
 
     /// EndpointSlices delivered as a reset of the first slice and adds of the others

@@ -11,7 +11,7 @@ use arc_swap::{ArcSwap, Guard};
 use crossbeam_utils::CachePadded;
 use thread_local::ThreadLocal;
 
-use super::config::{BalancerConfig, Locality, Policy};
+use super::config::{BalancerConfig, ClusterPreference, Locality, Policy};
 use super::hash::{self, mix64};
 use super::layout::Tier;
 use super::snapshot::{Builder, Rules, Snapshot, Touched};
@@ -210,6 +210,7 @@ impl SettledTier {
 struct UpdateState {
     table: EndpointTable,
     eligible: Option<BTreeSet<ClusterId>>,
+    preference: Option<ClusterPreference>,
     /// The published tiers and pick-set counts, edited in place by each publication.
     builder: Builder,
     /// The snapshot before the current one, kept until the next publication so that a
@@ -292,6 +293,27 @@ impl Balancer {
             self.publish(&mut st, None);
         }
         true
+    }
+
+    /// Sets the cluster preference (`None`: none), for example when the import's
+    /// `clusterSelectorResults` for the caller's cluster change (KEP-5939); see
+    /// [`ClusterPreference`]. Returns whether it changed.
+    pub fn set_cluster_preference(&self, preference: Option<ClusterPreference>) -> bool {
+        let mut st = self.lock();
+        if st.preference == preference {
+            return false;
+        }
+        st.preference = preference;
+        st.builder.invalidate();
+        if st.table.exists().is_some() {
+            self.publish(&mut st, None);
+        }
+        true
+    }
+
+    /// The cluster preference in force (`None`: none).
+    pub fn cluster_preference(&self) -> Option<ClusterPreference> {
+        self.lock().preference.clone()
     }
 
     /// The current snapshot.
@@ -581,6 +603,7 @@ impl Balancer {
         let rules = Rules {
             config: &self.config,
             eligible: st.eligible.as_ref(),
+            preference: st.preference.as_ref(),
             locality: &self.locality,
         };
         let snapshot = Snapshot::build(&st.table, changed, &rules, &self.shared, &mut st.builder);

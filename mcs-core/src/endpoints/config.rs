@@ -351,6 +351,69 @@ impl BalancerConfig {
     }
 }
 
+/// An ordered list of cluster sets, most preferred first: the results of KEP-5939's
+/// cluster selectors for the caller's cluster (`ServiceImport.status.clusterSelectorResults`).
+///
+/// With a preference, the pick set holds only endpoints of the first set that has an
+/// endpoint that is eligible ([`BalancerConfig::eligible_clusters`], a tier of the
+/// [`Tiering`]) and ready, or serving while terminating (the KEP's "ready or serving");
+/// when no set has one, endpoints of every cluster, as without a preference. The choice is made before everything else that narrows the pick
+/// set (the serving-terminating fallback, `PreferSameZone`), and follows every change of
+/// the endpoints: when the chosen set loses its last such endpoint the next set takes over,
+/// and when an earlier set gains one the traffic moves back.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterPreference {
+    sets: Vec<BTreeSet<ClusterId>>,
+}
+
+/// Why a list of cluster sets is not a [`ClusterPreference`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClusterPreferenceError {
+    /// More sets than [`ClusterPreference::MAX_SETS`].
+    #[error("{count} cluster sets; at most 16 are allowed (KEP-5939 allows 16 cluster selectors)")]
+    TooMany {
+        /// How many were given.
+        count: usize,
+    },
+}
+
+impl ClusterPreference {
+    /// At most this many sets (KEP-5939's limit on `clusterSelectors`).
+    pub const MAX_SETS: usize = 16;
+
+    /// The preference of `sets`, most preferred first. A set may be empty (a selector that
+    /// matched no cluster): it is never chosen.
+    pub fn new<S, C>(sets: S) -> Result<Self, ClusterPreferenceError>
+    where
+        S: IntoIterator<Item = C>,
+        C: IntoIterator<Item = ClusterId>,
+    {
+        let sets: Vec<BTreeSet<ClusterId>> = sets
+            .into_iter()
+            .map(|set| set.into_iter().collect())
+            .collect();
+        if sets.len() > Self::MAX_SETS {
+            return Err(ClusterPreferenceError::TooMany { count: sets.len() });
+        }
+        Ok(Self { sets })
+    }
+
+    /// The sets, most preferred first.
+    pub fn sets(&self) -> &[BTreeSet<ClusterId>] {
+        &self.sets
+    }
+
+    /// Bit `i` is set when set `i` holds `cluster`.
+    pub(crate) fn mask_of(&self, cluster: &ClusterId) -> u16 {
+        self.sets
+            .iter()
+            .enumerate()
+            .filter(|(_, set)| set.contains(cluster))
+            .fold(0, |mask, (i, _)| mask | 1 << i)
+    }
+}
+
 const DEFAULT_OVERPROVISIONING: f64 = 1.4;
 const DEFAULT_PANIC_THRESHOLD: f64 = 0.5;
 const MIN_RTT: Duration = Duration::from_millis(1);

@@ -14,10 +14,11 @@
 //!
 //! # How a pick works
 //!
-//! 1. **Pick set.** Ready, non-terminating endpoints of eligible clusters
-//!    ([`BalancerConfig::eligible_clusters`]); if there is none, serving-but-terminating
-//!    ones (KEP-1669). `trafficDistribution: PreferSameZone` narrows the set to the
-//!    caller's zone when it has any endpoint there.
+//! 1. **Pick set.** Endpoints of eligible clusters ([`BalancerConfig::eligible_clusters`]);
+//!    with a [`ClusterPreference`] (KEP-5939's cluster selection), only those of its first
+//!    set that has a ready or serving one. Of these, the ready, non-terminating ones; if
+//!    there is none, serving-but-terminating ones (KEP-1669). `trafficDistribution:
+//!    PreferSameZone` narrows the set to the caller's zone when it has any endpoint there.
 //! 2. **Tiers** ([`Tiering`]): by default the caller's zone in its cluster, the rest of
 //!    its cluster, then other clusters; or an explicit cluster order, or one pinned
 //!    cluster.
@@ -68,7 +69,10 @@ mod snapshot;
 mod state;
 
 pub use balancer::{Balancer, PREFETCH_FROM, PickContext, PickError, Picked};
-pub use config::{BalancerConfig, Locality, OutlierConfig, Policy, Tiering, TrafficDistribution};
+pub use config::{
+    BalancerConfig, ClusterPreference, ClusterPreferenceError, Locality, OutlierConfig, Policy,
+    Tiering, TrafficDistribution,
+};
 pub use layout::{Iter as TierIter, Tier};
 pub use snapshot::Snapshot;
 pub use state::{EndpointState, Outcome, StateHandle};

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::config::{BalancerConfig, Locality, TrafficDistribution};
+use super::config::{BalancerConfig, ClusterPreference, Locality, TrafficDistribution};
 use super::hash::Ring;
 use super::layout::{Layout, Tier};
 use super::plan::Plan;
@@ -19,8 +19,9 @@ pub(crate) type Touched = (SocketAddr, Option<Arc<Endpoint>>);
 
 /// An immutable view of a target's endpoints, grouped into tiers.
 ///
-/// Only endpoints a pick may use are in it: eligible clusters, in a tier of the
-/// [`Tiering`](super::Tiering), and ready and not terminating. When no such endpoint
+/// Only endpoints a pick may use are in it: eligible clusters (with a
+/// [`ClusterPreference`], only those of its first set that has a ready or serving
+/// endpoint), in a tier of the [`Tiering`](super::Tiering), and ready and not terminating. When no such endpoint
 /// exists, endpoints that are still serving while terminating are used instead (as
 /// kube-proxy does since KEP-1669), see [`Snapshot::serving_terminating`]. Under
 /// [`TrafficDistribution::PreferSameZone`] and a known caller zone, the set is narrowed to
@@ -176,7 +177,7 @@ impl Snapshot {
                     counts.count(old.as_ref().and_then(|e| rules.class(e)), -1);
                     counts.count(table.get(addr).and_then(|e| rules.class(e)), 1);
                 }
-                let mode = counts.mode(rules.prefer_same_zone());
+                let mode = rules.mode(&counts);
                 (Some(mode) == builder.mode).then_some((changed, counts))
             });
         match incremental {
@@ -198,7 +199,7 @@ impl Snapshot {
                     .filter_map(|e| rules.class(e).map(|c| (e, c)))
                     .inspect(|&(_, c)| counts.count(Some(c), 1))
                     .collect();
-                let mode = counts.mode(rules.prefer_same_zone());
+                let mode = rules.mode(&counts);
                 let set: Vec<(&Arc<Endpoint>, usize)> = classes
                     .into_iter()
                     .filter(|&(_, c)| mode.admits(c))
@@ -285,11 +286,12 @@ impl Snapshot {
 }
 
 /// What decides whether an endpoint is in the pick set: the balancer's configuration,
-/// the eligible clusters and the caller's locality.
+/// the eligible clusters, the cluster preference and the caller's locality.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Rules<'a> {
     pub(crate) config: &'a BalancerConfig,
     pub(crate) eligible: Option<&'a BTreeSet<ClusterId>>,
+    pub(crate) preference: Option<&'a ClusterPreference>,
     pub(crate) locality: &'a Locality,
 }
 
@@ -309,35 +311,47 @@ impl Rules<'_> {
             tier,
             ready,
             same_zone: self.locality.same_zone(e),
+            sets: self.preference.map_or(0, |p| p.mask_of(&e.cluster)),
         })
     }
 
     fn prefer_same_zone(&self) -> bool {
         self.config.traffic_distribution == Some(TrafficDistribution::PreferSameZone)
     }
+
+    /// How many sets the cluster preference has (0: none).
+    fn preference_sets(&self) -> usize {
+        self.preference.map_or(0, |p| p.sets().len())
+    }
+
+    /// The pick-set mode for `counts`.
+    fn mode(&self, counts: &Counts) -> Mode {
+        counts.mode(self.prefer_same_zone(), self.preference_sets())
+    }
 }
 
 /// An endpoint that may be picked: its tier, whether it is ready (or only serving while
-/// terminating), and whether it is in the caller's zone.
+/// terminating), whether it is in the caller's zone, and which sets of the cluster
+/// preference hold its cluster (bit `i`: set `i`).
 #[derive(Clone, Copy, Debug)]
 struct Class {
     tier: usize,
     ready: bool,
     same_zone: bool,
+    sets: u16,
 }
 
-/// How many endpoints of the table are in each class, which decides the [`Mode`].
+/// How many endpoints of some group are in each class.
 #[derive(Clone, Copy, Debug, Default)]
-struct Counts {
+struct Tally {
     ready: usize,
     ready_same_zone: usize,
     serving_terminating: usize,
     serving_terminating_same_zone: usize,
 }
 
-impl Counts {
-    fn count(&mut self, class: Option<Class>, by: isize) {
-        let Some(class) = class else { return };
+impl Tally {
+    fn count(&mut self, class: Class, by: isize) {
         let (all, zone) = if class.ready {
             (&mut self.ready, &mut self.ready_same_zone)
         } else {
@@ -352,32 +366,69 @@ impl Counts {
         }
     }
 
-    fn mode(&self, prefer_same_zone: bool) -> Mode {
-        let serving_terminating = self.ready == 0;
+    /// Whether the group has an endpoint that is ready or serving.
+    fn any(&self) -> bool {
+        self.ready + self.serving_terminating > 0
+    }
+}
+
+/// How many endpoints of the table are in each class, in all and in each set of the
+/// cluster preference; they decide the [`Mode`].
+#[derive(Clone, Copy, Debug, Default)]
+struct Counts {
+    all: Tally,
+    sets: [Tally; ClusterPreference::MAX_SETS],
+}
+
+impl Counts {
+    fn count(&mut self, class: Option<Class>, by: isize) {
+        let Some(class) = class else { return };
+        self.all.count(class, by);
+        let mut sets = class.sets;
+        while sets != 0 {
+            let i = sets.trailing_zeros() as usize;
+            self.sets[i].count(class, by);
+            sets &= sets - 1;
+        }
+    }
+
+    /// The mode: the first of the `preference_sets` sets with a ready or serving endpoint
+    /// (else every cluster), then within it the ready endpoints or the serving-terminating
+    /// ones, zone-narrowed or not.
+    fn mode(&self, prefer_same_zone: bool, preference_sets: usize) -> Mode {
+        let set = self.sets[..preference_sets].iter().position(Tally::any);
+        let tally = set.map_or(&self.all, |i| &self.sets[i]);
+        let serving_terminating = tally.ready == 0;
         let same_zone = if serving_terminating {
-            self.serving_terminating_same_zone
+            tally.serving_terminating_same_zone
         } else {
-            self.ready_same_zone
+            tally.ready_same_zone
         };
         Mode {
+            // At most 16 sets, so the index fits.
+            set: set.map(|i| i as u8),
             serving_terminating,
             same_zone_only: prefer_same_zone && same_zone > 0,
         }
     }
 }
 
-/// Which classes make up the pick set: ready endpoints, or serving-but-terminating ones
-/// when none is ready (KEP-1669); under `PreferSameZone`, only the caller's zone when it
-/// has any.
+/// Which classes make up the pick set: endpoints of the chosen set of the cluster
+/// preference (or of every cluster); of these, ready endpoints, or serving-but-terminating
+/// ones when none is ready (KEP-1669); under `PreferSameZone`, only the caller's zone when
+/// it has any.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Mode {
+    set: Option<u8>,
     serving_terminating: bool,
     same_zone_only: bool,
 }
 
 impl Mode {
     fn admits(self, class: Class) -> bool {
-        class.ready != self.serving_terminating && (!self.same_zone_only || class.same_zone)
+        self.set.is_none_or(|i| class.sets & 1 << i != 0)
+            && class.ready != self.serving_terminating
+            && (!self.same_zone_only || class.same_zone)
     }
 }
 
@@ -392,7 +443,8 @@ pub(crate) struct Builder {
 }
 
 impl Builder {
-    /// Makes the next build a full pass (for example when the eligible clusters change).
+    /// Makes the next build a full pass (for example when the eligible clusters or the
+    /// cluster preference change).
     pub(crate) fn invalidate(&mut self) {
         self.mode = None;
     }
