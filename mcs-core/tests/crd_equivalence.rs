@@ -205,3 +205,17 @@ fn checked_in_crds_match_the_generator() {
         "deploy/crds/mcs-crds.yaml is stale: run `cargo run -p mcs-cli --bin mcs-crds > deploy/crds/mcs-crds.yaml`"
     );
 }
+
+#[cfg(feature = "unstable-cluster-selection")]
+#[test]
+fn checked_in_cluster_selection_crds_match_the_generator() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/crds-cluster-selection/mcs-crds.yaml");
+    let checked_in =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let generated = crd::to_yaml(&crd::all_with_cluster_selection());
+    assert!(
+        checked_in == generated,
+        "deploy/crds-cluster-selection/mcs-crds.yaml is stale: run `cargo run -p mcs-cli --bin mcs-crds -- --cluster-selection > deploy/crds-cluster-selection/mcs-crds.yaml`"
+    );
+}

@@ -790,6 +790,7 @@ pub async fn export(
                 format!("{k}-annotation"),
                 v.to_string(),
             )])),
+            ..ServiceExportSpec::default()
         },
         None => ServiceExportSpec::default(),
     };

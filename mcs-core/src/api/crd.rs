@@ -124,6 +124,63 @@ pub fn all() -> Vec<CustomResourceDefinition> {
     vec![service_export(), service_import(), cluster_property()]
 }
 
+/// All three CRDs with KEP-5939's cluster selection added (unstable): `clusterSelectors` in
+/// the spec of ServiceExport and ServiceImport (at most 16, atomic), and
+/// `status.clusterSelectorResults` and `status.observedGeneration` on ServiceImport, in
+/// every served version. Upstream mcs-api has not released these fields: install these
+/// CRDs only where cluster selection is wanted; [`all`] stays equal to the release.
+#[cfg(feature = "unstable-cluster-selection")]
+pub fn all_with_cluster_selection() -> Vec<CustomResourceDefinition> {
+    use super::{ClusterSelector, ClusterSelectorResult, MAX_CLUSTER_SELECTORS};
+
+    let mut selectors = schema_of::<Vec<ClusterSelector>>();
+    selectors["maxItems"] = json!(MAX_CLUSTER_SELECTORS);
+    selectors["x-kubernetes-list-type"] = json!("atomic");
+    selectors["items"]["required"] = json!(["propertySelector"]);
+    let property_selector = &mut selectors["items"]["properties"]["propertySelector"];
+    property_selector["x-kubernetes-map-type"] = json!("atomic");
+    property_selector["properties"]["matchExpressions"]["x-kubernetes-list-type"] = json!("atomic");
+    let mut results = schema_of::<Vec<ClusterSelectorResult>>();
+    results["x-kubernetes-list-type"] = json!("atomic");
+    results["items"]["properties"]["clusters"]["x-kubernetes-list-type"] = json!("atomic");
+    let generation = json!({
+        "description": "The import's metadata.generation this status was written for.",
+        "type": "integer",
+        "format": "int64",
+    });
+
+    let mut export = service_export();
+    add_property(&mut export, "spec", "clusterSelectors", &selectors);
+    let mut import = service_import();
+    add_property(&mut import, "spec", "clusterSelectors", &selectors);
+    add_property(&mut import, "status", "clusterSelectorResults", &results);
+    add_property(&mut import, "status", "observedGeneration", &generation);
+    vec![export, import, cluster_property()]
+}
+
+/// Adds `schema` as property `name` of the top-level object `field` (`spec`, `status`) in
+/// every version of `crd`.
+#[cfg(feature = "unstable-cluster-selection")]
+fn add_property(crd: &mut CustomResourceDefinition, field: &str, name: &str, schema: &Value) {
+    // Invariant: `schema` comes from our own types and is a valid JSONSchemaProps (the
+    // tests decode and check every CRD).
+    let props: JSONSchemaProps = serde_json::from_value(schema.clone())
+        .expect("generated schema is a valid JSONSchemaProps");
+    for version in &mut crd.spec.versions {
+        let object = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+            .and_then(|root| root.properties.as_mut())
+            .and_then(|p| p.get_mut(field))
+            .expect("every version has a spec and a status object");
+        object
+            .properties
+            .get_or_insert_with(BTreeMap::new)
+            .insert(name.to_owned(), props.clone());
+    }
+}
+
 /// Renders CRDs as one multi-document YAML stream.
 pub fn to_yaml(crds: &[CustomResourceDefinition]) -> String {
     let mut out = String::new();
@@ -318,6 +375,75 @@ mod tests {
             assert_eq!(crd.spec.versions.iter().filter(|v| v.storage).count(), 1);
             assert_eq!(crd.spec.versions[1].name, "v1beta1");
             assert!(crd.spec.versions[1].storage);
+        }
+    }
+
+    /// The selection CRDs are the released ones plus exactly the KEP-5939 fields.
+    #[cfg(feature = "unstable-cluster-selection")]
+    #[test]
+    fn cluster_selection_crds_add_the_kep_fields_and_nothing_else() {
+        let props = |crd: &CustomResourceDefinition, field: &str| -> BTreeMap<String, Value> {
+            let root = crd.spec.versions[1]
+                .schema
+                .as_ref()
+                .unwrap()
+                .open_api_v3_schema
+                .as_ref()
+                .unwrap();
+            let object = &root.properties.as_ref().unwrap()[field];
+            object
+                .properties
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| (k, serde_json::to_value(v).unwrap()))
+                .collect()
+        };
+        let (plain, extended) = (all(), all_with_cluster_selection());
+        let added = |i: usize, field: &str| -> Vec<String> {
+            let (a, b) = (props(&plain[i], field), props(&extended[i], field));
+            assert!(
+                a.iter().all(|(k, v)| b.get(k) == Some(v)),
+                "{field}: a released field changed"
+            );
+            b.keys().filter(|k| !a.contains_key(*k)).cloned().collect()
+        };
+        assert_eq!(added(0, "spec"), ["clusterSelectors"]);
+        assert_eq!(added(0, "status"), Vec::<String>::new());
+        assert_eq!(added(1, "spec"), ["clusterSelectors"]);
+        assert_eq!(
+            added(1, "status"),
+            ["clusterSelectorResults", "observedGeneration"]
+        );
+        assert_eq!(plain[2], extended[2]);
+
+        let selectors = &props(&extended[0], "spec")["clusterSelectors"];
+        assert_eq!(selectors["maxItems"], 16);
+        assert_eq!(selectors["x-kubernetes-list-type"], "atomic");
+        assert_eq!(selectors["items"]["required"], json!(["propertySelector"]));
+        let ps = &selectors["items"]["properties"]["propertySelector"];
+        assert_eq!(ps["x-kubernetes-map-type"], "atomic");
+        assert_eq!(ps["properties"]["matchProperties"]["type"], "object");
+        let req = &ps["properties"]["matchExpressions"]["items"];
+        assert_eq!(req["required"], json!(["key", "operator"]));
+        for v in [&extended[0], &extended[1]] {
+            assert_eq!(v.spec.versions.len(), 2);
+            for version in &v.spec.versions {
+                let root = version
+                    .schema
+                    .as_ref()
+                    .unwrap()
+                    .open_api_v3_schema
+                    .as_ref()
+                    .unwrap();
+                assert!(
+                    root.properties.as_ref().unwrap()["spec"]
+                        .properties
+                        .as_ref()
+                        .unwrap()
+                        .contains_key("clusterSelectors")
+                );
+            }
         }
     }
 }

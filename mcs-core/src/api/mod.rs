@@ -31,9 +31,14 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
 pub mod crd;
+mod selectors;
 mod types;
 mod versions;
 
+pub use selectors::{
+    ClusterSelector, ClusterSelectorResult, MAX_CLUSTER_SELECTORS, PropertySelector,
+    PropertySelectorRequirement, SAME_AS_IMPORTER,
+};
 pub use types::{
     ClusterPropertySpec, ClusterPropertyStatus, PropertyValueError, ServiceExportSpec,
     ServiceExportStatus, ServiceImportSpec, ServiceImportStatus,

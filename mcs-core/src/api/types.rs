@@ -5,8 +5,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    ClusterStatus, EndpointSliceObjects, InternalTrafficPolicy, IpFamily, ServiceImportType,
-    ServicePort, SessionAffinity, SessionAffinityConfig, StringMap, TrafficDistribution,
+    ClusterSelector, ClusterSelectorResult, ClusterStatus, EndpointSliceObjects,
+    InternalTrafficPolicy, IpFamily, ServiceImportType, ServicePort, SessionAffinity,
+    SessionAffinityConfig, StringMap, TrafficDistribution,
 };
 
 /// `ServiceExport.spec`: which labels and annotations to carry to the ServiceImport.
@@ -22,6 +23,12 @@ pub struct ServiceExportSpec {
     /// Annotations to put on the ServiceImport (optional feature).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exported_annotations: Option<StringMap>,
+    /// The ordered cluster selectors of KEP-5939 (cluster selection), at most 16. Not in
+    /// the released CRDs: an API server with them drops the field; the CRDs of
+    /// `crd::with_cluster_selection` keep it. Unstable, like the KEP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(skip)]
+    pub cluster_selectors: Option<Vec<ClusterSelector>>,
 }
 
 /// `ServiceExport.status`: the `Valid`, `Ready` and `Conflict` conditions.
@@ -65,6 +72,11 @@ pub struct ServiceImportSpec {
     /// Traffic distribution preference, e.g. `PreferClose`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traffic_distribution: Option<TrafficDistribution>,
+    /// The cluster selectors the exports agreed on (KEP-5939; see
+    /// [`ServiceExportSpec::cluster_selectors`]). Unstable, like the KEP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(skip)]
+    pub cluster_selectors: Option<Vec<ClusterSelector>>,
 }
 
 impl ServiceImportSpec {
@@ -79,6 +91,7 @@ impl ServiceImportSpec {
             ip_families: None,
             internal_traffic_policy: None,
             traffic_distribution: None,
+            cluster_selectors: None,
         }
     }
 }
@@ -99,6 +112,17 @@ pub struct ServiceImportStatus {
     /// mcs-api v0.5.0 CRD).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint_slice_objects: Option<EndpointSliceObjects>,
+    /// The import's `metadata.generation` this status was written for (KEP-5939). Unstable,
+    /// like the KEP; only in the CRDs of `crd::with_cluster_selection`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(skip)]
+    pub observed_generation: Option<i64>,
+    /// For this importing cluster, the clusters each of `spec.clusterSelectors` matched, in
+    /// order (KEP-5939). Consumers use these, never the selectors. Unstable, like the KEP;
+    /// only in the CRDs of `crd::with_cluster_selection`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(skip)]
+    pub cluster_selector_results: Option<Vec<ClusterSelectorResult>>,
 }
 
 /// `ClusterProperty.spec`: the property's value.

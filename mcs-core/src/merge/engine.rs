@@ -153,8 +153,7 @@ impl MergedImport {
                     })
                     .collect(),
             ),
-            conditions: None,
-            endpoint_slice_objects: None,
+            ..ServiceImportStatus::default()
         }
     }
 
@@ -511,6 +510,7 @@ fn fresh_draft(winner: &Member<'_>, ranked: &[Member<'_>]) -> Draft {
         ip_families: (!facts.ip_families().is_empty()).then(|| facts.ip_families().to_vec()),
         internal_traffic_policy: facts.internal_traffic_policy(),
         traffic_distribution: facts.traffic_distribution(),
+        cluster_selectors: None,
     };
     Draft {
         spec,
@@ -543,6 +543,7 @@ fn retained_draft(
         ip_families: prev.spec.ip_families.clone(),
         internal_traffic_policy: prev.spec.internal_traffic_policy,
         traffic_distribution: prev.spec.traffic_distribution,
+        cluster_selectors: None,
     };
     Draft {
         spec,

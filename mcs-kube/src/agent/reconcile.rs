@@ -283,6 +283,7 @@ pub(crate) fn plan_at(inputs: &ServiceInputs<'_>, wall: &Time) -> Plan {
         clusters: merged.status().clusters,
         conditions: Some(conditions),
         endpoint_slice_objects: Some(eso),
+        ..ServiceImportStatus::default()
     };
     if changed_condition
         || have.clusters != status.clusters

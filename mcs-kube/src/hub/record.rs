@@ -146,6 +146,7 @@ impl MemberExport {
             ServiceExportSpec {
                 exported_labels: self.spec.exported_labels.clone(),
                 exported_annotations: self.spec.exported_annotations.clone(),
+                ..ServiceExportSpec::default()
             },
         );
         export.metadata = ObjectMeta {
@@ -237,7 +238,7 @@ mod tests {
             "loyalty-accrual",
             ServiceExportSpec {
                 exported_labels: Some(BTreeMap::from([("tier".into(), "gold".into())])),
-                exported_annotations: None,
+                ..ServiceExportSpec::default()
             },
         );
         export.metadata.namespace = Some("loyalty".into());
