@@ -113,8 +113,11 @@ spelled_enum! {
         Valid = "Valid",
         /// No Service with the export's name exists (status False).
         NoService = "NoService",
-        /// The Service's type cannot be exported, e.g. `ExternalName` (status False).
+        /// The Service's type cannot be exported, e.g. `ExternalName`, or a headless
+        /// Service with cluster selectors (KEP-5939) (status False).
         InvalidServiceType = "InvalidServiceType",
+        /// The export's `clusterSelectors` are invalid (KEP-5939) (status False).
+        InvalidClusterSelector = "InvalidClusterSelector",
     }
 }
 
@@ -153,6 +156,8 @@ spelled_enum! {
         TrafficDistributionConflict = "TrafficDistributionConflict",
         /// IP families differ so that some backends are unreachable over one family.
         IpFamilyConflict = "IPFamilyConflict",
+        /// The ordered `clusterSelectors` differ (KEP-5939).
+        ClusterSelectorsConflict = "ClusterSelectorsConflict",
     }
 }
 

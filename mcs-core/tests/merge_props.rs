@@ -19,8 +19,8 @@ mod oracle;
 
 use common::{at, id, svc};
 use mcs_core::api::{
-    InternalTrafficPolicy, IpFamily, Protocol, ServicePort, SessionAffinity, StringMap,
-    TrafficDistribution,
+    ClusterSelector, InternalTrafficPolicy, IpFamily, PropertySelector, Protocol, ServicePort,
+    SessionAffinity, StringMap, TrafficDistribution,
 };
 use mcs_core::conditions::{ConflictReason, ValidReason};
 use mcs_core::merge::{
@@ -119,14 +119,38 @@ fn map_strategy() -> impl Strategy<Value = StringMap> {
     .prop_map(|pairs| common::labels(&pairs))
 }
 
+/// KEP-5939 cluster selectors: none (most often), one, two in either order, or an invalid
+/// list (an entry without a criterion).
+fn selectors_strategy() -> impl Strategy<Value = Vec<ClusterSelector>> {
+    let by = |property: &str| ClusterSelector {
+        property_selector: Some(PropertySelector {
+            match_properties: [(property.to_string(), "@SameAsImporter@".to_string())].into(),
+            ..PropertySelector::default()
+        }),
+    };
+    prop_oneof![
+        6 => Just(vec![]),
+        1 => Just(vec![by("zone")]),
+        1 => Just(vec![by("zone"), by("region")]),
+        1 => Just(vec![by("region"), by("zone")]),
+        1 => Just(vec![by("zone"), ClusterSelector::default()]),
+    ]
+}
+
 fn constituent_strategy(cluster: usize) -> impl Strategy<Value = Constituent> {
-    (0..3_i64, facts_strategy(), map_strategy(), map_strategy()).prop_map(
-        move |(created, facts, labels, annotations)| {
+    (
+        0..3_i64,
+        facts_strategy(),
+        map_strategy(),
+        map_strategy(),
+        selectors_strategy(),
+    )
+        .prop_map(move |(created, facts, labels, annotations, selectors)| {
             Constituent::new(id(CLUSTERS[cluster]), at(created), facts)
                 .with_exported_labels(labels)
                 .with_exported_annotations(annotations)
-        },
-    )
+                .with_cluster_selectors(selectors)
+        })
 }
 
 fn any_constituent() -> impl Strategy<Value = Constituent> {

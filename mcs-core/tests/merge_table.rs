@@ -7,10 +7,10 @@ mod common;
 
 use common::*;
 use mcs_core::api::{
-    InternalTrafficPolicy, IpFamily, Protocol, ServiceImportType, ServicePort, SessionAffinity,
-    TrafficDistribution,
+    ClusterSelector, InternalTrafficPolicy, IpFamily, PropertySelector, Protocol,
+    ServiceImportType, ServicePort, SessionAffinity, TrafficDistribution,
 };
-use mcs_core::conditions::{ConditionStatus, ConflictReason, is_valid_reason};
+use mcs_core::conditions::{ConditionStatus, ConflictReason, ValidReason, is_valid_reason};
 use mcs_core::merge::{
     ClusterSetState, Constituent, ImportChange, MergedImport, ServiceFacts, ServiceKind, Source,
     Stability, WinReason, merge,
@@ -28,6 +28,17 @@ struct Knobs {
     td: TrafficDistribution,
     labels: Vec<(&'static str, &'static str)>,
     annotations: Vec<(&'static str, &'static str)>,
+    selectors: Vec<ClusterSelector>,
+}
+
+/// A KEP-5939 selector: clusters whose `property` equals `value`.
+fn selector(property: &str, value: &str) -> ClusterSelector {
+    ClusterSelector {
+        property_selector: Some(PropertySelector {
+            match_properties: [(property.to_string(), value.to_string())].into(),
+            ..PropertySelector::default()
+        }),
+    }
 }
 
 impl Knobs {
@@ -45,6 +56,7 @@ impl Knobs {
             td: TrafficDistribution::PreferClose,
             labels: vec![("team", "loyalty")],
             annotations: vec![("owner", "ops")],
+            selectors: vec![],
         }
     }
 
@@ -61,6 +73,7 @@ impl Knobs {
         Constituent::new(id(cluster), at(secs), Some(facts))
             .with_exported_labels(labels(&self.labels))
             .with_exported_annotations(labels(&self.annotations))
+            .with_cluster_selectors(self.selectors.clone())
     }
 }
 
@@ -129,6 +142,12 @@ fn flips() -> Vec<Flip> {
             apply: |k| k.families = vec![IpFamily::IPv6],
             winner_kept: |i| i.spec.ip_families == Some(vec![IpFamily::IPv4]),
         },
+        Flip {
+            reason: ConflictReason::ClusterSelectorsConflict,
+            field: "clusterSelectors",
+            apply: |k| k.selectors = vec![selector("region.topology.k8s.io", "@SameAsImporter@")],
+            winner_kept: |i| i.spec.cluster_selectors.is_none(),
+        },
     ]
 }
 
@@ -174,6 +193,16 @@ fn every_pair_of_reasons() {
     let mut pairs = 0;
     for (i, a) in table.iter().enumerate() {
         for b in &table[i + 1..] {
+            // A headless Service with cluster selectors is not a conflict but an invalid
+            // export (KEP-5939): `a_headless_export_with_selectors_is_invalid`.
+            if [a.reason, b.reason]
+                == [
+                    ConflictReason::TypeConflict,
+                    ConflictReason::ClusterSelectorsConflict,
+                ]
+            {
+                continue;
+            }
             let mut newer = Knobs::base();
             (a.apply)(&mut newer);
             (b.apply)(&mut newer);
@@ -198,7 +227,95 @@ fn every_pair_of_reasons() {
             pairs += 1;
         }
     }
-    assert_eq!(pairs, 36);
+    assert_eq!(pairs, 44);
+}
+
+/// KEP-5939: the oldest export's ordered selectors are the import's; any other list (a
+/// different order too) is `ClusterSelectorsConflict` on every export.
+#[test]
+fn the_oldest_exports_cluster_selectors_win() {
+    let mut older = Knobs::base();
+    older.selectors = vec![
+        selector("cluster.clusterset.k8s.io", "@SameAsImporter@"),
+        selector("region.topology.k8s.io", "@SameAsImporter@"),
+    ];
+    let outcome = merged(&[older.export("west", 0), older.export("east", 5)]);
+    assert_conflict_everywhere(&outcome, &[]);
+    let import = outcome.import.as_ref().unwrap();
+    assert_eq!(
+        import.spec.cluster_selectors.as_deref(),
+        Some(&older.selectors[..])
+    );
+
+    let mut reversed = older.clone();
+    reversed.selectors.reverse();
+    let outcome = merged(&[reversed.export("east", 5), older.export("west", 0)]);
+    assert_conflict_everywhere(&outcome, &[ConflictReason::ClusterSelectorsConflict]);
+    let import = outcome.import.as_ref().unwrap();
+    assert_eq!(
+        import.spec.cluster_selectors.as_deref(),
+        Some(&older.selectors[..])
+    );
+    assert_eq!(
+        outcome.exports[&id("east")].conflict.message,
+        r#"Conflicting clusterSelectors. Using 2 cluster selectors from oldest service export in "west". 1/2 clusters disagree."#
+    );
+}
+
+/// KEP-5939: selectors on a headless Service make the export invalid
+/// (`InvalidServiceType`); invalid selectors make it invalid (`InvalidClusterSelector`,
+/// naming the entry and the problem). Neither takes part in the merge.
+#[test]
+fn a_headless_export_with_selectors_or_with_invalid_selectors_is_invalid() {
+    let mut headless = Knobs::base();
+    headless.kind = ServiceKind::Headless;
+    headless.selectors = vec![selector("region.topology.k8s.io", "eu")];
+    let mut bad = Knobs::base();
+    bad.selectors = vec![ClusterSelector::default()];
+    let outcome = merged(&[
+        Knobs::base().export("west", 0),
+        headless.export("east", 5),
+        bad.export("north", 6),
+    ]);
+    let east = &outcome.exports[&id("east")].valid;
+    assert_eq!(
+        (east.status, east.reason.as_str()),
+        (
+            ConditionStatus::False,
+            ValidReason::InvalidServiceType.as_str()
+        )
+    );
+    assert!(
+        east.message
+            .contains("is headless; cluster selectors apply to ClusterSetIP services only"),
+        "{}",
+        east.message
+    );
+    let north = &outcome.exports[&id("north")].valid;
+    assert_eq!(
+        (north.status, north.reason.as_str()),
+        (
+            ConditionStatus::False,
+            ValidReason::InvalidClusterSelector.as_str()
+        )
+    );
+    assert!(
+        north
+            .message
+            .ends_with("has invalid cluster selectors: clusterSelectors[0]: no propertySelector."),
+        "{}",
+        north.message
+    );
+    let import = outcome.import.as_ref().unwrap();
+    assert_eq!(import.clusters, vec![id("west")]);
+    assert!(outcome.conflicts.is_empty());
+    // A headless Service without selectors stays a valid export.
+    headless.selectors.clear();
+    let outcome = merged(&[headless.export("east", 5)]);
+    assert_eq!(
+        outcome.exports[&id("east")].valid.reason,
+        ValidReason::Valid.as_str()
+    );
 }
 
 #[test]

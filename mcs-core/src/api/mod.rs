@@ -31,13 +31,14 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
 pub mod crd;
-mod selectors;
+pub(crate) mod selectors;
 mod types;
 mod versions;
 
 pub use selectors::{
-    ClusterSelector, ClusterSelectorResult, MAX_CLUSTER_SELECTORS, PropertySelector,
-    PropertySelectorRequirement, SAME_AS_IMPORTER,
+    ClusterSelector, ClusterSelectorResult, InvalidClusterSelector, MAX_CLUSTER_SELECTORS,
+    MAX_PROPERTY_NAME_LEN, Operator, PropertySelector, PropertySelectorRequirement,
+    SAME_AS_IMPORTER, SelectorProblem, check_property_name, validate_cluster_selectors,
 };
 pub use types::{
     ClusterPropertySpec, ClusterPropertyStatus, PropertyValueError, ServiceExportSpec,

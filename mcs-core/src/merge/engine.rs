@@ -8,8 +8,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use crate::ClusterId;
 use crate::api::v1beta1::ServiceImport;
 use crate::api::{
-    ClusterStatus, IpFamily, ServiceImportSpec, ServiceImportStatus, ServiceImportType,
-    ServicePort, SessionAffinityConfig, StringMap,
+    ClusterSelector, ClusterStatus, IpFamily, ServiceImportSpec, ServiceImportStatus,
+    ServiceImportType, ServicePort, SessionAffinityConfig, StringMap,
 };
 use crate::conditions::{
     ConditionStatus, ConflictReason, ConflictReasons, DesiredCondition, ExportConditionType,
@@ -17,7 +17,7 @@ use crate::conditions::{
 };
 use crate::name::ServiceRef;
 
-use super::input::{Constituent, PortKey, ServiceFacts, normalise, port_key};
+use super::input::{Constituent, PortKey, ServiceFacts, ServiceKind, normalise, port_key};
 
 /// The longest condition message the CRD accepts.
 pub const MAX_MESSAGE_LEN: usize = 32_768;
@@ -373,11 +373,37 @@ pub(crate) fn export_conditions(
             valid_type,
             ConditionStatus::False,
             reason.as_str(),
-            format!(
-                "Service {service} in cluster {:?} has type ExternalName, which cannot be exported.",
-                c.cluster().as_str()
-            ),
+            if c.service()
+                .is_some_and(|f| f.kind() == ServiceKind::Headless)
+            {
+                format!(
+                    "Service {service} in cluster {:?} is headless; cluster selectors apply to ClusterSetIP services only.",
+                    c.cluster().as_str()
+                )
+            } else {
+                format!(
+                    "Service {service} in cluster {:?} has type ExternalName, which cannot be exported.",
+                    c.cluster().as_str()
+                )
+            },
         )),
+        ValidReason::InvalidClusterSelector => {
+            let mut message = format!(
+                "The export of {service} in cluster {:?} has invalid cluster selectors: ",
+                c.cluster().as_str()
+            );
+            if let Some(e) = c.cluster_selector_error() {
+                // Writing to a String cannot fail.
+                let _ = write!(message, "{e}.");
+            }
+            truncate(&mut message, MAX_MESSAGE_LEN);
+            not_merged(DesiredCondition::new(
+                valid_type,
+                ConditionStatus::False,
+                reason.as_str(),
+                message,
+            ))
+        }
     }
 }
 
@@ -510,7 +536,7 @@ fn fresh_draft(winner: &Member<'_>, ranked: &[Member<'_>]) -> Draft {
         ip_families: (!facts.ip_families().is_empty()).then(|| facts.ip_families().to_vec()),
         internal_traffic_policy: facts.internal_traffic_policy(),
         traffic_distribution: facts.traffic_distribution(),
-        cluster_selectors: None,
+        cluster_selectors: selectors_field(winner.export.cluster_selectors()),
     };
     Draft {
         spec,
@@ -543,7 +569,7 @@ fn retained_draft(
         ip_families: prev.spec.ip_families.clone(),
         internal_traffic_policy: prev.spec.internal_traffic_policy,
         traffic_distribution: prev.spec.traffic_distribution,
-        cluster_selectors: None,
+        cluster_selectors: prev.spec.cluster_selectors.clone(),
     };
     Draft {
         spec,
@@ -565,8 +591,14 @@ fn publishes_the_same(fresh: &Draft, retained: &Draft) -> bool {
         && a.ip_families == b.ip_families
         && a.internal_traffic_policy == b.internal_traffic_policy
         && a.traffic_distribution == b.traffic_distribution
+        && a.cluster_selectors == b.cluster_selectors
         && fresh.labels == retained.labels
         && fresh.annotations == retained.annotations
+}
+
+/// `spec.clusterSelectors` of an import whose winner has these: absent when empty.
+fn selectors_field(selectors: &[ClusterSelector]) -> Option<Vec<ClusterSelector>> {
+    (!selectors.is_empty()).then(|| selectors.to_vec())
 }
 
 /// The union of ports in precedence order: a port whose name, or else whose (protocol,
@@ -638,6 +670,10 @@ fn conflicts(draft: &Draft, members: &[Member<'_>]) -> (ConflictReasons, String)
             ConflictReason::IpFamilyConflict,
             lacks_family(f.ip_families(), families),
         );
+        count(
+            ConflictReason::ClusterSelectorsConflict,
+            m.export.cluster_selectors() != spec.cluster_selectors.as_deref().unwrap_or_default(),
+        );
     }
 
     let total = members.len();
@@ -704,6 +740,7 @@ fn field_name(reason: ConflictReason) -> &'static str {
         ConflictReason::InternalTrafficPolicyConflict => "internalTrafficPolicy",
         ConflictReason::TrafficDistributionConflict => "trafficDistribution",
         ConflictReason::IpFamilyConflict => "ipFamilies",
+        ConflictReason::ClusterSelectorsConflict => "clusterSelectors",
     }
 }
 
@@ -752,6 +789,13 @@ impl fmt::Display for FieldValue<'_> {
             }
             ConflictReason::LabelsConflict => f.write_str("the exported labels"),
             ConflictReason::AnnotationsConflict => f.write_str("the exported annotations"),
+            ConflictReason::ClusterSelectorsConflict => {
+                match spec.cluster_selectors.as_deref().map_or(0, <[_]>::len) {
+                    0 => f.write_str("no cluster selectors"),
+                    1 => f.write_str("1 cluster selector"),
+                    n => write!(f, "{n} cluster selectors"),
+                }
+            }
         }
     }
 }

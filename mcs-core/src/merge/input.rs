@@ -10,8 +10,9 @@ use k8s_openapi::jiff::Timestamp;
 use crate::ClusterId;
 use crate::api::v1beta1::ServiceExport;
 use crate::api::{
-    ClientIpConfig, InternalTrafficPolicy, IpFamily, Protocol, ServiceImportType, ServicePort,
-    SessionAffinity, SessionAffinityConfig, StringMap, TrafficDistribution,
+    ClientIpConfig, ClusterSelector, InternalTrafficPolicy, InvalidClusterSelector, IpFamily,
+    Protocol, ServiceImportType, ServicePort, SessionAffinity, SessionAffinityConfig, StringMap,
+    TrafficDistribution, validate_cluster_selectors,
 };
 use crate::conditions::ValidReason;
 
@@ -455,6 +456,10 @@ pub struct Constituent {
     created: Timestamp,
     exported_labels: StringMap,
     exported_annotations: StringMap,
+    cluster_selectors: Vec<ClusterSelector>,
+    /// Why `cluster_selectors` are invalid, if they are (boxed: rare, and a constituent
+    /// stays small).
+    selector_error: Option<Box<InvalidClusterSelector>>,
     service: Option<ServiceFacts>,
 }
 
@@ -467,6 +472,8 @@ impl Constituent {
             created,
             exported_labels: StringMap::new(),
             exported_annotations: StringMap::new(),
+            cluster_selectors: Vec::new(),
+            selector_error: None,
             service,
         }
     }
@@ -488,9 +495,8 @@ impl Constituent {
         };
         Ok(Self::new(cluster, created.0, service)
             .with_exported_labels(export.spec.exported_labels.clone().unwrap_or_default())
-            .with_exported_annotations(
-                export.spec.exported_annotations.clone().unwrap_or_default(),
-            ))
+            .with_exported_annotations(export.spec.exported_annotations.clone().unwrap_or_default())
+            .with_cluster_selectors(export.spec.cluster_selectors.clone().unwrap_or_default()))
     }
 
     /// Sets the exported labels (`ServiceExport.spec.exportedLabels`).
@@ -505,6 +511,25 @@ impl Constituent {
     pub fn with_exported_annotations(mut self, annotations: StringMap) -> Self {
         self.exported_annotations = annotations;
         self
+    }
+
+    /// Sets the cluster selectors (`ServiceExport.spec.clusterSelectors`, KEP-5939) and
+    /// validates them: invalid ones make the export invalid (`InvalidClusterSelector`).
+    #[must_use]
+    pub fn with_cluster_selectors(mut self, selectors: Vec<ClusterSelector>) -> Self {
+        self.selector_error = validate_cluster_selectors(&selectors).err().map(Box::new);
+        self.cluster_selectors = selectors;
+        self
+    }
+
+    /// The cluster selectors (empty: none).
+    pub fn cluster_selectors(&self) -> &[ClusterSelector] {
+        &self.cluster_selectors
+    }
+
+    /// Why the cluster selectors are invalid, if they are.
+    pub fn cluster_selector_error(&self) -> Option<&InvalidClusterSelector> {
+        self.selector_error.as_deref()
     }
 
     /// The exporting cluster.
@@ -532,20 +557,31 @@ impl Constituent {
         self.service.as_ref()
     }
 
-    /// The reason of this export's `Valid` condition: `Valid`, `NoService` or
-    /// `InvalidServiceType`. Only `Valid` exports take part in the merge.
+    /// The reason of this export's `Valid` condition: `Valid`, `NoService`,
+    /// `InvalidServiceType` (an `ExternalName` Service, or a headless one with cluster
+    /// selectors: KEP-5939 selects clusters for ClusterSetIP services only) or
+    /// `InvalidClusterSelector`. Only `Valid` exports take part in the merge.
     pub fn validity(&self) -> ValidReason {
         match &self.service {
             None => ValidReason::NoService,
             Some(facts) if facts.kind == ServiceKind::ExternalName => {
                 ValidReason::InvalidServiceType
             }
+            Some(facts)
+                if facts.kind == ServiceKind::Headless && !self.cluster_selectors.is_empty() =>
+            {
+                ValidReason::InvalidServiceType
+            }
+            Some(_) if self.selector_error.is_some() => ValidReason::InvalidClusterSelector,
             Some(_) => ValidReason::Valid,
         }
     }
 
     /// The facts and import type when this export is valid.
     pub(crate) fn valid_facts(&self) -> Option<(&ServiceFacts, ServiceImportType)> {
+        if self.validity() != ValidReason::Valid {
+            return None;
+        }
         let facts = self.service.as_ref()?;
         Some((facts, facts.kind.import_type()?))
     }

@@ -16,7 +16,10 @@
 //!
 //! - **Validity** (KEP-1645). An export whose Service is missing is
 //!   `Valid=False/NoService`; an `ExternalName` Service gives
-//!   `Valid=False/InvalidServiceType`. Neither contributes anything. The others are
+//!   `Valid=False/InvalidServiceType`, and so does a headless one whose export has cluster
+//!   selectors (KEP-5939); invalid cluster selectors give
+//!   `Valid=False/InvalidClusterSelector`, the message naming the entry and the problem.
+//!   None of these contributes anything. The others are
 //!   `Valid=True/Valid` and are the constituents. **An import exists iff at least one
 //!   export is valid.**
 //! - **Precedence** (KEP-1645). Oldest `creationTimestamp` first. **Tie-break**: the
@@ -60,6 +63,9 @@
 //! - **Labels and annotations**: only `exportedLabels` / `exportedAnnotations`, never
 //!   `metadata`; the winner's maps are used, and any difference is a `LabelsConflict` /
 //!   `AnnotationsConflict`.
+//! - **Cluster selectors** (KEP-5939): the winner's ordered `clusterSelectors` (none when
+//!   it has none); any other list, the same entries in another order too, is a
+//!   `ClusterSelectorsConflict`.
 //! - **Conflict** (KEP-1645). A field conflicts when at least one constituent's
 //!   value differs from the published one. `Conflict=True` is set on **every** valid
 //!   export, with the reasons comma-joined in the order of

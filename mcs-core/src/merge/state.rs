@@ -13,6 +13,13 @@ use super::engine::{
 };
 use super::input::Constituent;
 
+/// What an upserted export's own conditions depended on before the upsert.
+struct Before {
+    validity: ValidReason,
+    /// Its conditions, when it was invalid.
+    invalid: Option<ExportConditions>,
+}
+
 /// The merged state of every exported service in a ClusterSet.
 ///
 /// An index keyed by service (`<namespace>/<name>`) and, within a service, by cluster. Each
@@ -179,7 +186,15 @@ impl ClusterSetState {
         if old == Some(&export) {
             return Change::none(service);
         }
-        let old_validity = old.map(Constituent::validity);
+        // What the export's own conditions depended on before: its validity, and for an
+        // invalid export the conditions themselves (their message names why: a Service
+        // that is ExternalName, or headless with cluster selectors, or which selector is
+        // invalid), which no merge result changes.
+        let before = old.map(|o| Before {
+            validity: o.validity(),
+            invalid: (o.validity() != ValidReason::Valid)
+                .then(|| export_conditions(service, o, &Resolution::default())),
+        });
         let key = self.key(service);
         let cluster = export.cluster().clone();
         self.services
@@ -191,7 +206,7 @@ impl ClusterSetState {
             .entry(cluster.clone())
             .or_default()
             .insert(key);
-        self.recompute(service, Some((&cluster, old_validity)), self.stability)
+        self.recompute(service, Some((&cluster, before)), self.stability)
     }
 
     /// Removes one cluster's export of `service` (the export was deleted).
@@ -314,11 +329,11 @@ impl ClusterSetState {
     }
 
     /// Re-merges one service and diffs the result. `touched` is the upserted export and
-    /// its validity before the update (`None` when it is new).
+    /// what its conditions depended on before the update (`None` when it is new).
     fn recompute(
         &mut self,
         service: &ServiceRef,
-        touched: Option<(&ClusterId, Option<ValidReason>)>,
+        touched: Option<(&ClusterId, Option<Before>)>,
         stability: Stability,
     ) -> Change {
         let Some(entry) = self.services.get_mut(service) else {
@@ -344,9 +359,23 @@ impl ClusterSetState {
         for (id, export) in &entry.exports {
             let validity = export.validity();
             let shared = validity == ValidReason::Valid && conflict_changed;
-            let own = matches!(touched, Some((t, before)) if t == id && before != Some(validity));
+            let now = match &touched {
+                Some((t, before)) if *t == id => Some((before, writer.conditions(export))),
+                _ => None,
+            };
+            let own = now
+                .as_ref()
+                .is_some_and(|(before, conditions)| match before {
+                    None => true,
+                    Some(b) if b.validity != validity => true,
+                    Some(b) => b.invalid.as_ref().is_some_and(|old| old != conditions),
+                });
             if shared || own {
-                conditions.push((id.clone(), writer.conditions(export)));
+                let export_conditions = match now {
+                    Some((_, c)) => c,
+                    None => writer.conditions(export),
+                };
+                conditions.push((id.clone(), export_conditions));
             }
         }
         if entry.exports.is_empty() {
