@@ -139,6 +139,7 @@ async fn a_member_writes_only_its_own_namespace_on_the_hub() {
                 ),
                 exported_labels: None,
                 exported_annotations: None,
+                cluster_selectors: None,
                 service: None,
                 slices: Vec::new(),
             },

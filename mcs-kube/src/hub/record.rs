@@ -8,7 +8,9 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::CustomResource;
 use mcs_core::ClusterId;
-use mcs_core::api::{LABEL_SERVICE_NAME, ServiceExportSpec, v1beta1::ServiceExport};
+use mcs_core::api::{
+    ClusterSelector, LABEL_SERVICE_NAME, ServiceExportSpec, v1beta1::ServiceExport,
+};
 use mcs_core::name::ServiceRef;
 use mcs_core::slices::{endpoints_field, endpoints_of};
 use schemars::JsonSchema;
@@ -50,6 +52,10 @@ pub struct MemberExportSpec {
     /// `ServiceExport.spec.exportedAnnotations`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exported_annotations: Option<BTreeMap<String, String>>,
+    /// `ServiceExport.spec.clusterSelectors` (KEP-5939, unstable), which the merge
+    /// resolves like the other exported fields.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_selectors: Option<Vec<ClusterSelector>>,
     /// The Service's spec, reduced to what the merge reads (type, `clusterIP: None`, ports
     /// by name, protocol, number and appProtocol, session affinity and its config, IP
     /// families, internal traffic policy, traffic distribution). Absent when the member
@@ -109,6 +115,7 @@ impl MemberExport {
                 export_created: created,
                 exported_labels: export.spec.exported_labels.clone(),
                 exported_annotations: export.spec.exported_annotations.clone(),
+                cluster_selectors: export.spec.cluster_selectors.clone(),
                 service: service.and_then(|s| s.spec.as_ref()).map(merge_fields),
                 slices,
             },
@@ -146,7 +153,7 @@ impl MemberExport {
             ServiceExportSpec {
                 exported_labels: self.spec.exported_labels.clone(),
                 exported_annotations: self.spec.exported_annotations.clone(),
-                ..ServiceExportSpec::default()
+                cluster_selectors: self.spec.cluster_selectors.clone(),
             },
         );
         export.metadata = ObjectMeta {
@@ -238,6 +245,12 @@ mod tests {
             "loyalty-accrual",
             ServiceExportSpec {
                 exported_labels: Some(BTreeMap::from([("tier".into(), "gold".into())])),
+                cluster_selectors: Some(
+                    serde_json::from_str(
+                        r#"[{"propertySelector": {"matchProperties": {"region.topology.k8s.io": "@SameAsImporter@"}}}]"#,
+                    )
+                    .expect("selectors"),
+                ),
                 ..ServiceExportSpec::default()
             },
         );
