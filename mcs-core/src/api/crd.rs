@@ -382,15 +382,12 @@ mod tests {
     #[cfg(feature = "unstable-cluster-selection")]
     #[test]
     fn cluster_selection_crds_add_the_kep_fields_and_nothing_else() {
+        fn root(version: &CustomResourceDefinitionVersion) -> &JSONSchemaProps {
+            let schema = version.schema.as_ref().unwrap();
+            schema.open_api_v3_schema.as_ref().unwrap()
+        }
         let props = |crd: &CustomResourceDefinition, field: &str| -> BTreeMap<String, Value> {
-            let root = crd.spec.versions[1]
-                .schema
-                .as_ref()
-                .unwrap()
-                .open_api_v3_schema
-                .as_ref()
-                .unwrap();
-            let object = &root.properties.as_ref().unwrap()[field];
+            let object = &root(&crd.spec.versions[1]).properties.as_ref().unwrap()[field];
             object
                 .properties
                 .clone()
@@ -429,16 +426,9 @@ mod tests {
         for v in [&extended[0], &extended[1]] {
             assert_eq!(v.spec.versions.len(), 2);
             for version in &v.spec.versions {
-                let root = version
-                    .schema
-                    .as_ref()
-                    .unwrap()
-                    .open_api_v3_schema
-                    .as_ref()
-                    .unwrap();
+                let spec = &root(version).properties.as_ref().unwrap()["spec"];
                 assert!(
-                    root.properties.as_ref().unwrap()["spec"]
-                        .properties
+                    spec.properties
                         .as_ref()
                         .unwrap()
                         .contains_key("clusterSelectors")

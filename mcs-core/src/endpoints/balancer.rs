@@ -283,27 +283,29 @@ impl Balancer {
     /// Changes which clusters' endpoints are eligible (`None`: all), for example when the
     /// merge changes which clusters expose the port. Returns whether it changed.
     pub fn set_eligible_clusters(&self, clusters: Option<BTreeSet<ClusterId>>) -> bool {
-        let mut st = self.lock();
-        if st.eligible == clusters {
-            return false;
-        }
-        st.eligible = clusters;
-        st.builder.invalidate();
-        if st.table.exists().is_some() {
-            self.publish(&mut st, None);
-        }
-        true
+        self.set_rule(|st| &mut st.eligible, clusters)
     }
 
     /// Sets the cluster preference (`None`: none), for example when the import's
     /// `clusterSelectorResults` for the caller's cluster change (KEP-5939); see
     /// [`ClusterPreference`]. Returns whether it changed.
     pub fn set_cluster_preference(&self, preference: Option<ClusterPreference>) -> bool {
+        self.set_rule(|st| &mut st.preference, preference)
+    }
+
+    /// Sets one of the pick-set rules to `value` and, if that changed it, rebuilds the
+    /// snapshot in full. Returns whether it changed.
+    fn set_rule<T: PartialEq>(
+        &self,
+        rule: impl FnOnce(&mut UpdateState) -> &mut T,
+        value: T,
+    ) -> bool {
         let mut st = self.lock();
-        if st.preference == preference {
+        let slot = rule(&mut st);
+        if *slot == value {
             return false;
         }
-        st.preference = preference;
+        *slot = value;
         st.builder.invalidate();
         if st.table.exists().is_some() {
             self.publish(&mut st, None);
