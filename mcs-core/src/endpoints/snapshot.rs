@@ -22,9 +22,9 @@ pub(crate) type Touched = (SocketAddr, Option<Arc<Endpoint>>);
 /// Only endpoints a pick may use are in it: eligible clusters (with a
 /// [`ClusterPreference`], only those of its first set that has a ready or serving
 /// endpoint), in a tier of the [`Tiering`](super::Tiering), and ready and not
-/// terminating. When no such endpoint
-/// exists, endpoints that are still serving while terminating are used instead (as
-/// kube-proxy does since KEP-1669), see [`Snapshot::serving_terminating`]. Under
+/// terminating. When no such endpoint exists, endpoints that are still serving while
+/// terminating are used instead (as kube-proxy does since KEP-1669), see
+/// [`Snapshot::serving_terminating`]. Under
 /// [`TrafficDistribution::PreferSameZone`] and a known caller zone, the set is narrowed to
 /// endpoints in that zone when there is any.
 #[derive(Debug)]
