@@ -9,8 +9,8 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use mcs_core::ClusterId;
 use mcs_core::api::{
-    ANNOTATION_DERIVED_SERVICE, EndpointSliceObjects, IpFamily, ServiceImportStatus,
-    ServiceImportType, ServicePort,
+    ANNOTATION_DERIVED_SERVICE, ClusterSelectorResult, EndpointSliceObjects, IpFamily,
+    ServiceImportStatus, ServiceImportType, ServicePort,
     v1beta1::{ServiceExport, ServiceImport},
 };
 use mcs_core::conditions::{
@@ -19,6 +19,7 @@ use mcs_core::conditions::{
 };
 use mcs_core::merge::{MergeOutcome, MergedImport};
 use mcs_core::name::ServiceRef;
+use mcs_core::selection::{self, Properties};
 use mcs_core::slices::endpoints_of;
 
 use super::desired::{self, LABEL_MANAGED_BY, MANAGED_BY};
@@ -79,6 +80,19 @@ pub(crate) struct ServiceInputs<'a> {
     pub hub_unreachable: bool,
     /// Whether the local export has reached the other members.
     pub publication: Publication,
+    /// The `ClusterProperty` values of this cluster and of the members, for cluster
+    /// selection (KEP-5939); `None` while the agent does not know them, and then the
+    /// import's `status.clusterSelectorResults` is left as it is.
+    pub properties: Option<ClusterProperties<'a>>,
+}
+
+/// What the agent knows of the members' `ClusterProperty` values.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ClusterProperties<'a> {
+    /// This (the importing) cluster's.
+    pub local: &'a Properties,
+    /// Every member's, by cluster id (a member missing here has none).
+    pub members: &'a BTreeMap<ClusterId, Properties>,
 }
 
 /// The writes for one service, in order.
@@ -283,16 +297,58 @@ pub(crate) fn plan_at(inputs: &ServiceInputs<'_>, wall: &Time) -> Plan {
         clusters: merged.status().clusters,
         conditions: Some(conditions),
         endpoint_slice_objects: Some(eso),
+        cluster_selector_results: selector_results(inputs, merged, &have),
         ..ServiceImportStatus::default()
     };
     if changed_condition
         || have.clusters != status.clusters
         || have.endpoint_slice_objects != status.endpoint_slice_objects
+        || have.cluster_selector_results != status.cluster_selector_results
         || plan.import.is_some() && inputs.observed.import.is_none()
     {
         plan.import_status = Some(status);
     }
     plan
+}
+
+/// `status.clusterSelectorResults` for this cluster (KEP-5939): the import's selectors
+/// evaluated with this cluster as the importer, over the import's source clusters. None
+/// when the import has no selectors. Left as it is while the members' properties are not
+/// known, and when the selectors do not evaluate (the KEP asks for the previous complete
+/// results, never a partial update; the exports' `Valid` conditions say what is wrong).
+fn selector_results(
+    inputs: &ServiceInputs<'_>,
+    merged: &MergedImport,
+    have: &ServiceImportStatus,
+) -> Option<Vec<ClusterSelectorResult>> {
+    let selectors = merged.spec.cluster_selectors.as_deref().unwrap_or_default();
+    if selectors.is_empty() {
+        return None;
+    }
+    let Some(properties) = inputs.properties else {
+        return have.cluster_selector_results.clone();
+    };
+    let none = Properties::new();
+    let sources: BTreeMap<ClusterId, Properties> = merged
+        .clusters
+        .iter()
+        .map(|c| {
+            let own = properties.members.get(c).unwrap_or(&none);
+            (c.clone(), own.clone())
+        })
+        .collect();
+    match selection::evaluate(selectors, properties.local, &sources) {
+        Ok(results) => Some(
+            results
+                .iter()
+                .map(|clusters| ClusterSelectorResult::from(&clusters[..]))
+                .collect(),
+        ),
+        Err(e) => {
+            tracing::warn!(service = %inputs.service, error = %e, "cluster selectors do not evaluate; keeping the previous results");
+            have.cluster_selector_results.clone()
+        }
+    }
 }
 
 fn want_has_ips(
@@ -570,6 +626,7 @@ mod tests {
             local_service_error: None,
             hub_unreachable: false,
             publication: Publication::Direct,
+            properties: None,
         }
     }
 
@@ -595,6 +652,103 @@ mod tests {
             None,
         )
         .unwrap()
+    }
+
+    /// East (region eu) and west (region us) export with KEP-5939's "my cluster, then my
+    /// region" selectors.
+    fn outcome_with_selectors() -> MergeOutcome {
+        let selectors: Vec<mcs_core::api::ClusterSelector> = serde_json::from_str(
+            r#"[{"propertySelector": {"matchExpressions": [{"key": "cluster.clusterset.k8s.io", "operator": "In", "values": ["@SameAsImporter@"]}]}},
+                {"propertySelector": {"matchProperties": {"region": "@SameAsImporter@"}}}]"#,
+        )
+        .unwrap();
+        let facts = || {
+            ServiceFacts::builder(ServiceKind::ClusterSetIp)
+                .port(ServicePort {
+                    name: Some("tcp".into()),
+                    port: 42,
+                    ..Default::default()
+                })
+                .build()
+                .unwrap()
+        };
+        let export = |cluster: &str, at: i64| {
+            Constituent::new(
+                cluster.parse().unwrap(),
+                Timestamp::from_second(at).unwrap(),
+                Some(facts()),
+            )
+            .with_cluster_selectors(selectors.clone())
+        };
+        merge(
+            &ServiceRef::new("demo", "hello").unwrap(),
+            &[export("east", 10), export("west", 20)],
+            Stability::Fresh,
+            None,
+        )
+        .unwrap()
+    }
+
+    fn props(pairs: &[(&str, &str)]) -> Properties {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    /// With the members' properties known, the import's status holds this cluster's
+    /// results, in selector order; without them, the results already there stay; an
+    /// import without selectors has none.
+    #[test]
+    fn the_import_status_holds_this_clusters_selector_results() {
+        let members = BTreeMap::from([
+            (
+                "east".parse().unwrap(),
+                props(&[("cluster.clusterset.k8s.io", "east"), ("region", "eu")]),
+            ),
+            (
+                "west".parse().unwrap(),
+                props(&[("cluster.clusterset.k8s.io", "west"), ("region", "us")]),
+            ),
+        ]);
+        let north = props(&[("cluster.clusterset.k8s.io", "north"), ("region", "eu")]);
+        let mut with = inputs(outcome_with_selectors(), Observed::default());
+        with.properties = Some(ClusterProperties {
+            local: &north,
+            members: &members,
+        });
+        let status = plan(&with)
+            .import_status
+            .expect("a new import gets a status");
+        let results = status.cluster_selector_results.expect("results");
+        let clusters: Vec<Vec<String>> = results.into_iter().map(|r| r.clusters).collect();
+        assert_eq!(clusters, [vec![], vec!["east".to_string()]]);
+
+        // Properties not known: what the import has stays.
+        let mut have = plan(&with).import.unwrap();
+        have.status = Some(ServiceImportStatus {
+            cluster_selector_results: Some(vec![ClusterSelectorResult {
+                clusters: vec!["west".into()],
+            }]),
+            ..Default::default()
+        });
+        let unknown = inputs(
+            outcome_with_selectors(),
+            Observed {
+                import: Some(&have),
+                ..Default::default()
+            },
+        );
+        // (`have` has no Ready condition yet, so the status is written.)
+        let kept = plan(&unknown).import_status.expect("the status is written");
+        assert_eq!(
+            kept.cluster_selector_results,
+            have.status.as_ref().unwrap().cluster_selector_results
+        );
+
+        // No selectors: no results.
+        let none = plan(&inputs(outcome(), Observed::default()));
+        assert_eq!(none.import_status.unwrap().cluster_selector_results, None);
     }
 
     /// A ClusterSetIP import whose derived Service the agent's cache does not hold (a

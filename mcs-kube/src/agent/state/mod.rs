@@ -512,6 +512,9 @@ impl State {
             },
             local_service_error,
             publication,
+            // The members' ClusterProperties are not watched yet (KEP-5939, issue 38):
+            // the import's selector results are left as they are.
+            properties: None,
         }
     }
 
