@@ -126,4 +126,16 @@ async fn hub_and_member_flags_exclude_each_other() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("--member <MEMBERS>"), "{stderr}");
+    // Cluster selection needs the mesh topology (hub members do not publish properties).
+    let output = Command::new(env!("CARGO_BIN_EXE_mcs-agent"))
+        .args(["--hub=/nonexistent/hub.kubeconfig", "--cluster-selection"])
+        .output()
+        .await
+        .expect("run mcs-agent");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("'--cluster-selection' cannot be used with '--hub <HUB>'"),
+        "{stderr}"
+    );
 }

@@ -47,6 +47,7 @@ use tokio::task::JoinHandle;
 const NS: &str = "rbac";
 const AGENT_LOCAL: &str = "deploy/rbac/agent-local.yaml";
 const PEER_READER: &str = "deploy/rbac/agent-peer-reader.yaml";
+const CLUSTER_SELECTION: &str = "deploy/rbac/agent-cluster-selection.yaml";
 const DNS_RBAC: &str = "deploy/rbac/dns.yaml";
 const AGENT_DEPLOYMENT: &str = "deploy/agent/deployment.yaml";
 const DNS_DEPLOYMENT: &str = "deploy/dns/deployment.yaml";
@@ -891,6 +892,28 @@ async fn without_its_binding_or_one_rule_the_agent_is_not_ready_and_names_the_fo
         ],
     )
     .await;
+
+    // Cluster selection: both identities read every ClusterProperty, and write none.
+    apply_manifest(admin, CLUSTER_SELECTION, &[]).await;
+    wait_allowed(&local, can("list", "about.k8s.io", "clusterproperties")).await;
+    wait_allowed(&reader, can("list", "about.k8s.io", "clusterproperties")).await;
+    for (who, client) in [(&user, &local), (&peer, &reader)] {
+        assert_access(
+            who,
+            client,
+            &[
+                can("list", "about.k8s.io", "clusterproperties"),
+                can("watch", "about.k8s.io", "clusterproperties"),
+            ],
+            &[
+                can("create", "about.k8s.io", "clusterproperties"),
+                can("patch", "about.k8s.io", "clusterproperties").named("region"),
+                can("delete", "about.k8s.io", "clusterproperties").named("region"),
+                can("update", "about.k8s.io", "clusterproperties").named("region"),
+            ],
+        )
+        .await;
+    }
     agent.stop().await;
     eprintln!(
         "[agent_rbac] forbidden paths and access reviews: {:.1?}",

@@ -88,6 +88,11 @@ struct Args {
     /// members with overlapping ranges).
     #[arg(long, default_value_t = 60)]
     cidr_check_seconds: u64,
+    /// Cluster selection (KEP-5939, alpha; mesh topology only): watch every member's
+    /// ClusterProperties (deploy/rbac/agent-cluster-selection.yaml) and write each import's
+    /// status.clusterSelectorResults. Needs the CRDs of deploy/crds-cluster-selection/.
+    #[arg(long, conflicts_with = "hub")]
+    cluster_selection: bool,
 }
 
 #[tokio::main]
@@ -167,7 +172,8 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         .metrics_refresh(gauge_idle / 4)
         .unreachable_grace(Duration::from_secs(args.unreachable_grace_seconds))
         .resync(Duration::from_secs(args.resync_seconds))
-        .cidr_interval(Duration::from_secs(args.cidr_check_seconds));
+        .cidr_interval(Duration::from_secs(args.cidr_check_seconds))
+        .cluster_selection(args.cluster_selection);
     if !args.allowed_namespaces.is_empty() {
         config = config.allowed_namespaces(args.allowed_namespaces.clone());
     }

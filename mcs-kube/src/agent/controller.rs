@@ -123,10 +123,21 @@ pub(super) async fn run(
                     ))
                 })?;
             for member in members {
-                source::mesh::spawn(&mut tasks, &tx, member, config.probe_interval);
+                source::mesh::spawn(
+                    &mut tasks,
+                    &tx,
+                    member,
+                    config.probe_interval,
+                    config.cluster_selection,
+                );
             }
             let peers: Vec<_> = members.iter().map(|m| m.id.clone()).collect();
             (Mode::Mesh, local.client.clone(), peers, None)
+        }
+        Topology::Hub(_) if config.cluster_selection => {
+            return Err(AgentError::Config(
+                "cluster selection (KEP-5939) needs the mesh topology: hub members do not publish their ClusterProperties yet".to_owned(),
+            ));
         }
         Topology::Hub(hub) => {
             source::local::spawn_exported(&mut tasks, &tx, &config.local, &hub.local);
@@ -145,6 +156,7 @@ pub(super) async fn run(
             mode,
             grace: config.unreachable_grace,
             allowed_namespaces: config.allowed_namespaces.clone(),
+            cluster_selection: config.cluster_selection,
         },
         peers,
     );

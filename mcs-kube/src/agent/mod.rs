@@ -146,6 +146,9 @@ pub struct AgentConfig {
     pub metrics_refresh: Duration,
     /// How often the CIDR checks run ([`cidr`]; default 60 s).
     pub cidr_interval: Duration,
+    /// Whether cluster selection (KEP-5939) is on: see `AgentConfig::cluster_selection`
+    /// (feature `unstable-cluster-selection`).
+    cluster_selection: bool,
 }
 
 impl AgentConfig {
@@ -171,6 +174,7 @@ impl AgentConfig {
             probe_interval: Duration::from_secs(10),
             metrics_refresh: crate::metrics::GAUGE_REFRESH,
             cidr_interval: Duration::from_secs(60),
+            cluster_selection: false,
         }
     }
 
@@ -206,6 +210,20 @@ impl AgentConfig {
     #[must_use]
     pub fn cidr_interval(mut self, every: Duration) -> Self {
         self.cidr_interval = every.max(Duration::from_millis(100));
+        self
+    }
+
+    /// Turns cluster selection (KEP-5939, alpha) on or off (default off). On, the agent
+    /// watches every member's `ClusterProperty` objects (RBAC:
+    /// `deploy/rbac/agent-cluster-selection.yaml`) and writes each import's
+    /// `status.clusterSelectorResults` for this cluster: the import's `clusterSelectors`
+    /// evaluated with this cluster as the importer. The members' ServiceImport CRD must
+    /// have the fields (`deploy/crds-cluster-selection/`). Mesh topology only for now: a
+    /// hub-topology agent with it on stops with [`AgentError::Config`].
+    #[cfg(feature = "unstable-cluster-selection")]
+    #[must_use]
+    pub fn cluster_selection(mut self, on: bool) -> Self {
+        self.cluster_selection = on;
         self
     }
 

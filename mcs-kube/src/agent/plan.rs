@@ -275,6 +275,7 @@ impl ClusterSetPlan {
                     mode: Mode::Mesh,
                     grace: Duration::from_secs(60),
                     allowed_namespaces: None,
+                    cluster_selection: false,
                 };
                 (local.clone(), State::new(settings, ids.iter().cloned()))
             })

@@ -81,18 +81,20 @@ pub(crate) struct ServiceInputs<'a> {
     /// Whether the local export has reached the other members.
     pub publication: Publication,
     /// The `ClusterProperty` values of this cluster and of the members, for cluster
-    /// selection (KEP-5939); `None` while the agent does not know them, and then the
-    /// import's `status.clusterSelectorResults` is left as it is.
+    /// selection (KEP-5939); `None` while the agent does not know this cluster's (or
+    /// cluster selection is off), and then the import's `status.clusterSelectorResults`
+    /// is left as it is.
     pub properties: Option<ClusterProperties<'a>>,
 }
 
 /// What the agent knows of the members' `ClusterProperty` values.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct ClusterProperties<'a> {
     /// This (the importing) cluster's.
     pub local: &'a Properties,
-    /// Every member's, by cluster id (a member missing here has none).
-    pub members: &'a BTreeMap<ClusterId, Properties>,
+    /// The members' whose properties are known, by cluster id (a member without any
+    /// has an empty map here; one missing is not known).
+    pub members: BTreeMap<ClusterId, &'a Properties>,
 }
 
 /// The writes for one service, in order.
@@ -313,9 +315,10 @@ pub(crate) fn plan_at(inputs: &ServiceInputs<'_>, wall: &Time) -> Plan {
 
 /// `status.clusterSelectorResults` for this cluster (KEP-5939): the import's selectors
 /// evaluated with this cluster as the importer, over the import's source clusters. None
-/// when the import has no selectors. Left as it is while the members' properties are not
-/// known, and when the selectors do not evaluate (the KEP asks for the previous complete
-/// results, never a partial update; the exports' `Valid` conditions say what is wrong).
+/// when the import has no selectors. Left as it is while the properties of this cluster or
+/// of a source cluster are not known, and when the selectors do not evaluate (the KEP asks
+/// for the previous complete results, never a partial update; the exports' `Valid`
+/// conditions say what is wrong).
 fn selector_results(
     inputs: &ServiceInputs<'_>,
     merged: &MergedImport,
@@ -325,18 +328,17 @@ fn selector_results(
     if selectors.is_empty() {
         return None;
     }
-    let Some(properties) = inputs.properties else {
+    let Some(properties) = &inputs.properties else {
         return have.cluster_selector_results.clone();
     };
-    let none = Properties::new();
-    let sources: BTreeMap<ClusterId, Properties> = merged
-        .clusters
-        .iter()
-        .map(|c| {
-            let own = properties.members.get(c).unwrap_or(&none);
-            (c.clone(), own.clone())
-        })
-        .collect();
+    let mut sources: BTreeMap<ClusterId, Properties> = BTreeMap::new();
+    for c in &merged.clusters {
+        let Some(own) = properties.members.get(c) else {
+            tracing::debug!(service = %inputs.service, cluster = %c, "a source cluster's properties are not known yet; keeping the previous selector results");
+            return have.cluster_selector_results.clone();
+        };
+        sources.insert(c.clone(), (*own).clone());
+    }
     match selection::evaluate(selectors, properties.local, &sources) {
         Ok(results) => Some(
             results
@@ -697,11 +699,11 @@ mod tests {
     }
 
     /// With the members' properties known, the import's status holds this cluster's
-    /// results, in selector order; without them, the results already there stay; an
-    /// import without selectors has none.
+    /// results, in selector order; without them (this cluster's, or one source
+    /// cluster's), the results already there stay; an import without selectors has none.
     #[test]
     fn the_import_status_holds_this_clusters_selector_results() {
-        let members = BTreeMap::from([
+        let members: BTreeMap<ClusterId, Properties> = BTreeMap::from([
             (
                 "east".parse().unwrap(),
                 props(&[("cluster.clusterset.k8s.io", "east"), ("region", "eu")]),
@@ -715,7 +717,7 @@ mod tests {
         let mut with = inputs(outcome_with_selectors(), Observed::default());
         with.properties = Some(ClusterProperties {
             local: &north,
-            members: &members,
+            members: members.iter().map(|(id, p)| (id.clone(), p)).collect(),
         });
         let status = plan(&with)
             .import_status
@@ -741,6 +743,29 @@ mod tests {
         );
         // (`have` has no Ready condition yet, so the status is written.)
         let kept = plan(&unknown).import_status.expect("the status is written");
+        assert_eq!(
+            kept.cluster_selector_results,
+            have.status.as_ref().unwrap().cluster_selector_results
+        );
+        // West's properties not known: the same.
+        let mut west_unknown = inputs(
+            outcome_with_selectors(),
+            Observed {
+                import: Some(&have),
+                ..Default::default()
+            },
+        );
+        west_unknown.properties = Some(ClusterProperties {
+            local: &north,
+            members: members
+                .iter()
+                .filter(|(id, _)| id.as_str() != "west")
+                .map(|(id, p)| (id.clone(), p))
+                .collect(),
+        });
+        let kept = plan(&west_unknown)
+            .import_status
+            .expect("the status is written");
         assert_eq!(
             kept.cluster_selector_results,
             have.status.as_ref().unwrap().cluster_selector_results

@@ -1,5 +1,6 @@
 //! The mesh topology: the agent reads every member's API server directly (its
-//! ServiceExports, Services and their EndpointSlices) and probes it.
+//! ServiceExports, Services and their EndpointSlices, and with cluster selection on its
+//! ClusterProperties) and probes it.
 
 use std::time::Duration;
 
@@ -8,24 +9,40 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher;
-use mcs_core::api::{LABEL_SERVICE_NAME, MCS_GROUP, v1alpha1, v1beta1::ServiceExport};
+use mcs_core::api::v1beta1::{ClusterProperty, ServiceExport};
+use mcs_core::api::{LABEL_SERVICE_NAME, MCS_GROUP, v1alpha1};
 
 use super::{
-    Fact, KIND_EXPORT, KIND_SERVICE, KIND_SLICE, Origin, Tx, forward, map_event, spawn_watch,
+    Fact, KIND_EXPORT, KIND_PROPERTY, KIND_SERVICE, KIND_SLICE, Origin, Tx, forward, map_event,
+    spawn_watch,
 };
 use crate::agent::Member;
 use crate::agent::desired::LABEL_K8S_SERVICE_NAME;
 
-/// Watches and probes one member.
+/// Watches and probes one member; with `properties`, also watches its ClusterProperties
+/// (cluster selection, KEP-5939).
 pub(crate) fn spawn(
     tasks: &mut tokio::task::JoinSet<()>,
     tx: &Tx,
     member: &Member,
     probe_interval: Duration,
+    properties: bool,
 ) {
     let origin = Origin::Member(member.id.clone());
     spawn_export_watch(tasks, tx, member);
     spawn_probe(tasks, tx, member, probe_interval);
+    if properties {
+        let id = member.id.clone();
+        spawn_watch(
+            tasks,
+            tx,
+            origin.clone(),
+            KIND_PROPERTY,
+            Api::<ClusterProperty>::all(member.client.clone()),
+            watcher::Config::default(),
+            move |e| Fact::Property(id.clone(), e),
+        );
+    }
     let id = member.id.clone();
     spawn_watch(
         tasks,

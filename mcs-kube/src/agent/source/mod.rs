@@ -17,7 +17,7 @@ use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use mcs_core::ClusterId;
-use mcs_core::api::v1beta1::{ServiceExport, ServiceImport};
+use mcs_core::api::v1beta1::{ClusterProperty, ServiceExport, ServiceImport};
 use mcs_core::name::ServiceRef;
 use tokio::sync::mpsc;
 
@@ -43,6 +43,8 @@ pub(crate) enum Fact {
     Service(ClusterId, Event<Service>),
     /// A member's own EndpointSlices (those of its Kubernetes Services).
     Slice(ClusterId, Event<EndpointSlice>),
+    /// A member's ClusterProperties (mesh, with cluster selection on).
+    Property(ClusterId, Event<ClusterProperty>),
     /// The agent's own Service of one exported service (hub: one watch per service).
     ServiceOf(ServiceRef, Event<Service>),
     /// The agent's own EndpointSlices of one exported service (hub).
@@ -81,6 +83,7 @@ impl Fact {
             Fact::Export(id, _) => (member(id), KIND_EXPORT),
             Fact::Service(id, _) => (member(id), KIND_SERVICE),
             Fact::Slice(id, _) => (member(id), KIND_SLICE),
+            Fact::Property(id, _) => (member(id), KIND_PROPERTY),
             Fact::ServiceOf(..) | Fact::Unwatched(_) => (member(local), KIND_SERVICE),
             Fact::SlicesOf(..) => (member(local), KIND_SLICE),
             Fact::Namespace(_) => (member(local), KIND_NAMESPACE),
@@ -99,6 +102,7 @@ impl Fact {
 pub(crate) const KIND_EXPORT: &str = "ServiceExport";
 pub(crate) const KIND_SERVICE: &str = "Service";
 pub(crate) const KIND_SLICE: &str = "EndpointSlice";
+pub(crate) const KIND_PROPERTY: &str = "ClusterProperty";
 pub(crate) const KIND_NAMESPACE: &str = "Namespace";
 pub(crate) const KIND_IMPORT: &str = "ServiceImport";
 pub(crate) const KIND_IMPORTED: &str = "imported EndpointSlice";

@@ -18,11 +18,12 @@ use mcs_core::name::ServiceRef;
 use super::desired::{LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY, MANAGED_BY};
 use super::health::{self, HubHealth, MemberHealth, Verdict};
 use super::index::{Relist, Store, Touched, labelled_service, own_service};
-use super::reconcile::{Observed, Publication, ServiceInputs};
-use super::source::{Fact, KIND_LEASE, KIND_RECORD, Origin};
+use super::reconcile::{ClusterProperties, Observed, Publication, ServiceInputs};
+use super::source::{Fact, KIND_LEASE, KIND_PROPERTY, KIND_RECORD, Origin};
 use crate::hub::record::MemberExport;
 
 mod events;
+mod properties;
 mod readiness;
 #[cfg(test)]
 mod tests;
@@ -43,6 +44,9 @@ pub(crate) struct Settings {
     pub(crate) mode: Mode,
     pub(crate) grace: Duration,
     pub(crate) allowed_namespaces: Option<Vec<String>>,
+    /// Whether the members' ClusterProperties are watched and the imports' cluster
+    /// selectors evaluated (KEP-5939).
+    pub(crate) cluster_selection: bool,
 }
 
 impl Settings {
@@ -59,6 +63,8 @@ pub(crate) struct MemberState {
     pub(crate) services: Store<Service>,
     pub(crate) slices: Store<EndpointSlice>,
     pub(crate) health: MemberHealth,
+    /// Its ClusterProperties (with cluster selection on).
+    pub(crate) properties: properties::MemberProperties,
     /// Hub: records being listed (a re-list is applied at once when done).
     records_listing: Relist<MemberExport>,
     /// Hub: whether its Lease watch has listed.
@@ -72,6 +78,7 @@ impl MemberState {
             services: Store::new(service_of_service),
             slices: Store::new(service_of_slice),
             health: MemberHealth::default(),
+            properties: properties::MemberProperties::default(),
             records_listing: Relist::default(),
             lease_listed: false,
         }
@@ -208,6 +215,28 @@ impl State {
             Fact::Slice(id, e) => {
                 let m = self.members.entry(id).or_insert_with(MemberState::new);
                 changes.reconcile.extend(m.slices.handle(e));
+            }
+            Fact::Property(id, e) => {
+                let m = self.members.entry(id).or_insert_with(MemberState::new);
+                if m.properties.handle(e) {
+                    changes.reconcile.extend(self.selecting_services());
+                }
+            }
+            // A failing property watch leaves the member's health alone: the imports keep
+            // their selector results until its properties are known again.
+            Fact::WatchError(Origin::Member(id), KIND_PROPERTY, error, forbidden) => {
+                let m = self
+                    .members
+                    .entry(id.clone())
+                    .or_insert_with(MemberState::new);
+                if m.properties.error().is_none() {
+                    if forbidden {
+                        tracing::error!(cluster = %id, error, "ClusterProperty watch forbidden (403): cluster selection needs list and watch on clusterproperties (deploy/rbac/agent-cluster-selection.yaml); selector results stay as they are");
+                    } else {
+                        tracing::warn!(cluster = %id, error, "ClusterProperty watch failing; selector results stay as they are");
+                    }
+                }
+                m.properties.failed(error);
             }
             Fact::ServiceOf(service, e) => {
                 let touched = self.service_event(&service, e);
@@ -420,6 +449,46 @@ impl State {
         all
     }
 
+    /// Services whose import has cluster selectors (KEP-5939): those to reconcile when a
+    /// member's properties change.
+    fn selecting_services(&self) -> Touched {
+        self.merge
+            .services()
+            .filter(|s| {
+                self.merge
+                    .import(s)
+                    .and_then(|i| i.spec.cluster_selectors.as_ref())
+                    .is_some_and(|list| !list.is_empty())
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// The properties the planner evaluates `service`'s cluster selectors with: this
+    /// cluster's and every member's whose properties are known. `None` when cluster
+    /// selection is off, the import has no selectors or this cluster's are not known.
+    fn properties_for(&self, service: &ServiceRef) -> Option<ClusterProperties<'_>> {
+        if !self.settings.cluster_selection {
+            return None;
+        }
+        let selectors = self
+            .merge
+            .import(service)?
+            .spec
+            .cluster_selectors
+            .as_ref()?;
+        if selectors.is_empty() {
+            return None;
+        }
+        let local = self.members.get(&self.settings.local)?.properties.known()?;
+        let members = self
+            .members
+            .iter()
+            .filter_map(|(id, m)| Some((id.clone(), m.properties.known()?)))
+            .collect();
+        Some(ClusterProperties { local, members })
+    }
+
     /// Feeds the current constituents of one service into the merge.
     pub(crate) fn update_merge(&mut self, service: &ServiceRef) {
         let allowed = self.settings.namespace_allowed(service.namespace.as_str());
@@ -512,9 +581,7 @@ impl State {
             },
             local_service_error,
             publication,
-            // The members' ClusterProperties are not watched yet (KEP-5939, issue 38):
-            // the import's selector results are left as they are.
-            properties: None,
+            properties: self.properties_for(service),
         }
     }
 

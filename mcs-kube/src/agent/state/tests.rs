@@ -135,6 +135,7 @@ fn state(mode: Mode, peers: &[&str]) -> State {
         mode,
         grace: GRACE,
         allowed_namespaces: None,
+        cluster_selection: false,
     };
     State::new(settings, peers.iter().map(|p| id(p)))
 }
@@ -682,4 +683,115 @@ fn a_watch_answering_again_clears_its_error_and_reconciles_the_members_services(
     assert!(changes.members);
     assert!(changes.reconcile.contains(&svc("hello")));
     assert_eq!(s.reachable_members(now), 2);
+}
+
+fn cluster_property(name: &str, value: &str) -> mcs_core::api::v1beta1::ClusterProperty {
+    let mut p = mcs_core::api::v1beta1::ClusterProperty::new(
+        name,
+        mcs_core::api::ClusterPropertySpec {
+            value: value.to_owned(),
+        },
+    );
+    p.metadata.name = Some(name.to_owned());
+    p
+}
+
+/// With cluster selection on, the planner gets this cluster's and the members' properties
+/// for a service whose import has selectors (members whose properties are not listed yet
+/// left out); a property change reconciles exactly those services; a failing property
+/// watch leaves the member reachable and its properties unknown.
+#[test]
+fn mesh_properties_reach_the_planner_for_services_with_selectors() {
+    let now = Instant::now();
+    let mut s = state(Mode::Mesh, &["east"]);
+    s.settings.cluster_selection = true;
+    feed(&mut s, own_lists(), now);
+    let mut selecting = export("near");
+    selecting.spec.cluster_selectors = Some(
+        serde_json::from_str(
+            r#"[{"propertySelector": {"matchProperties": {"region": "@SameAsImporter@"}}}]"#,
+        )
+        .unwrap(),
+    );
+    feed(&mut s, member_lists("north", vec![], vec![], vec![]), now);
+    feed(
+        &mut s,
+        member_lists(
+            "east",
+            vec![selecting, export("hello")],
+            vec![service("near"), service("hello")],
+            vec![],
+        ),
+        now,
+    );
+    s.update_merge(&svc("near"));
+    s.update_merge(&svc("hello"));
+    let known = |s: &State, service: &str| {
+        s.inputs_for(&svc(service), now).properties.map(|p| {
+            let mut members: Vec<String> = p.members.keys().map(|id| id.to_string()).collect();
+            members.insert(0, format!("local region={:?}", p.local.get("region")));
+            members
+        })
+    };
+    assert_eq!(known(&s, "near"), None, "nothing listed yet");
+
+    let north = listed(vec![cluster_property("region", "eu")]);
+    let touched = feed(
+        &mut s,
+        north.into_iter().map(|e| Fact::Property(id("north"), e)),
+        now,
+    );
+    assert_eq!(touched, [svc("near")], "only the service with selectors");
+    assert_eq!(
+        known(&s, "near"),
+        Some(vec![
+            r#"local region=Some("eu")"#.to_owned(),
+            "north".to_owned()
+        ]),
+        "east not listed yet: not known"
+    );
+    assert_eq!(known(&s, "hello"), None, "no selectors, no properties");
+
+    feed(
+        &mut s,
+        listed(vec![cluster_property("region", "eu")])
+            .into_iter()
+            .map(|e| Fact::Property(id("east"), e)),
+        now,
+    );
+    assert_eq!(
+        known(&s, "near").map(|m| m.len()),
+        Some(3),
+        "north and east known"
+    );
+
+    // East's property watch fails: east stays reachable, its properties are unknown.
+    let failed = s.handle(
+        Fact::WatchError(
+            Origin::Member(id("east")),
+            super::KIND_PROPERTY,
+            "watch: connection refused".into(),
+            false,
+        ),
+        now,
+    );
+    assert!(!failed.members, "member health is not affected");
+    assert_eq!(s.reachable_members(now + GRACE * 2), 2);
+    assert_eq!(known(&s, "near").map(|m| m.len()), Some(2));
+
+    // Its watch shows a change: known again, and the selecting service reconciled.
+    let touched = feed(
+        &mut s,
+        [Fact::Property(
+            id("east"),
+            Event::Apply(cluster_property("region", "us")),
+        )],
+        now,
+    );
+    assert_eq!(touched, [svc("near")]);
+    assert_eq!(known(&s, "near").map(|m| m.len()), Some(3));
+
+    // Off: no properties even when known.
+    s.settings.cluster_selection = false;
+    assert_eq!(known(&s, "near"), None);
 }
