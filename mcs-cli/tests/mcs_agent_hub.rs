@@ -135,7 +135,7 @@ async fn hub_and_member_flags_exclude_each_other() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
-        stderr.contains("'--cluster-selection' cannot be used with '--hub <HUB>'"),
+        stderr.contains("'--hub <HUB>' cannot be used with '--cluster-selection'"),
         "{stderr}"
     );
 }

@@ -140,8 +140,17 @@ async fn wait_results(set: &ClusterSet, i: usize, name: &str, want: &[&[&str]]) 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn story_one_results_per_importer_follow_property_changes_conflicts_and_headless() {
     let names = ["east", "west", "north", "south"];
-    let set =
-        ClusterSet::start_topo_configured(Topo::Mesh, &names, |c| c.cluster_selection(true)).await;
+    // The agents start once the extended CRDs are in: a watch opened before a CRD gains
+    // fields keeps serving objects without them.
+    let mut set = ClusterSet::start_topo(
+        Topo::Mesh,
+        &names,
+        false,
+        Duration::from_secs(60),
+        false,
+        |c| c.cluster_selection(true),
+    )
+    .await;
     let (east, west, north, south) = (0, 1, 2, 3);
     let places = [
         ("eu-west", "eu"),
@@ -155,6 +164,9 @@ async fn story_one_results_per_importer_follow_property_changes_conflicts_and_he
         set_property(client, CLUSTER, set.ids[i].as_str()).await;
         set_property(client, "region", region).await;
         set_property(client, "continent", continent).await;
+    }
+    for i in 0..names.len() {
+        set.start_agent(i);
     }
     set.namespace(NS).await;
 
