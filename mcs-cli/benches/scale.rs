@@ -31,13 +31,18 @@
 //! 10); the agents' RSS before and after (a probe export after them proves their watches
 //! are past them).
 //!
+//! **Before and after.** `MCS_SCALE_AGENTS=before=/path/to/mcs-agent,after=/path/...` runs
+//! all of the above once per agent binary, one after the other in the same run, each row
+//! labelled (default: this build's `mcs-agent`, unlabelled). `MCS_SCALE_MESH=` (empty)
+//! skips the mesh, `MCS_SCALE_UNEXPORTED=0` the unexported endpoints.
+//!
 //! Times are wall-clock on a shared machine: context, not pass/fail. The tables at the end
 //! are what `docs/scale.md` quotes.
 
 use mcs_testkit as support;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -74,6 +79,7 @@ fn env_list(name: &str, default: &str) -> Vec<usize> {
     std::env::var(name)
         .unwrap_or_else(|_| default.to_owned())
         .split(',')
+        .filter(|v| !v.trim().is_empty())
         .map(|v| {
             v.trim()
                 .parse()
@@ -97,6 +103,8 @@ struct Config {
     probes: usize,
     unexported: usize,
     idle: Duration,
+    /// The agent binaries to run, each with its label ("" for this build's alone).
+    agents: Vec<(String, PathBuf)>,
 }
 
 impl Config {
@@ -109,6 +117,23 @@ impl Config {
             probes: env_num("MCS_SCALE_PROBES", 20),
             unexported: env_num("MCS_SCALE_UNEXPORTED", 10_000),
             idle: Duration::from_secs(env_num("MCS_SCALE_IDLE_SECONDS", 20) as u64),
+            agents: match std::env::var("MCS_SCALE_AGENTS") {
+                Ok(list) if !list.trim().is_empty() => list
+                    .split(',')
+                    .map(|pair| {
+                        let (label, path) = pair.split_once('=').unwrap_or_else(|| {
+                            panic!("MCS_SCALE_AGENTS: {pair:?} is not LABEL=PATH")
+                        });
+                        let path = PathBuf::from(path);
+                        assert!(path.is_file(), "MCS_SCALE_AGENTS: no file {path:?}");
+                        (format!(" ({label})"), path)
+                    })
+                    .collect(),
+                _ => vec![(
+                    String::new(),
+                    PathBuf::from(env!("CARGO_BIN_EXE_mcs-agent")),
+                )],
+            },
         };
         assert!(
             c.sizes.windows(2).all(|w| w[0] < w[1]) && c.sizes[0] >= 3,
@@ -292,9 +317,9 @@ impl Agent {
     }
 }
 
-fn agent(cluster: &TestCluster, id: &str, args: &[String]) -> Agent {
+fn agent(bin: &Path, cluster: &TestCluster, id: &str, args: &[String]) -> Agent {
     let log = std::fs::File::create(cluster.dir().join("mcs-agent.log")).expect("agent log");
-    let child = Command::new(env!("CARGO_BIN_EXE_mcs-agent"))
+    let child = Command::new(bin)
         .arg(format!("--cluster-id={id}"))
         .args(args)
         .arg("--admin-listen=127.0.0.1:0")
@@ -577,7 +602,7 @@ async fn simulated_member(
 
 #[derive(Default)]
 struct Row {
-    topology: &'static str,
+    topology: String,
     clusters: usize,
     converge: Duration,
     export: Vec<Duration>,
@@ -623,7 +648,12 @@ fn cluster_options() -> ClusterOptions {
     }
 }
 
-async fn run_hub(cfg: &Config, rows: &mut Vec<Row>, memory: &mut Vec<String>) {
+async fn run_hub(
+    cfg: &Config,
+    (label, bin): &(String, PathBuf),
+    rows: &mut Vec<Row>,
+    memory: &mut Vec<String>,
+) {
     let names = ["hub", "east", "west", "north"];
     let opts = cluster_options();
     let clusters = support::start_clusters_with(&names, opts).await;
@@ -648,7 +678,7 @@ async fn run_hub(cfg: &Config, rows: &mut Vec<Row>, memory: &mut Vec<String>) {
             &path,
             &hub.kubeconfig_as_user(&format!("mcs:member:{id}"), &["mcs:members"]),
         );
-        agents.push(agent(c, id, &[format!("--hub={}", path.display())]));
+        agents.push(agent(bin, c, id, &[format!("--hub={}", path.display())]));
     }
     let (east, west) = (&clients[0], &clients[1]);
     let mut sims: Vec<Publisher> = Vec::new();
@@ -688,7 +718,7 @@ async fn run_hub(cfg: &Config, rows: &mut Vec<Row>, memory: &mut Vec<String>) {
             a.assert_running();
         }
         let cpu_growth = hub_cpu(hub).await - cpu0;
-        eprintln!("[scale] hub, {n} clusters: converged in {converge:.1?}");
+        eprintln!("[scale] hub{label}, {n} clusters: converged in {converge:.1?}");
         let export = export_probes(east, west, &format!("h{n}"), cfg).await;
         eprintln!(
             "[scale] hub, {n} clusters: export→import in probe order (ms): {}",
@@ -716,7 +746,7 @@ async fn run_hub(cfg: &Config, rows: &mut Vec<Row>, memory: &mut Vec<String>) {
             .map(|l| l.items.len())
             .ok();
         rows.push(Row {
-            topology: "hub",
+            topology: format!("hub{label}"),
             clusters: n,
             converge,
             export,
@@ -730,7 +760,8 @@ async fn run_hub(cfg: &Config, rows: &mut Vec<Row>, memory: &mut Vec<String>) {
         });
         print_row(rows.last().unwrap());
         if n == cfg.sizes[0] && cfg.unexported > 0 {
-            memory.push(unexported_check("hub", cfg, east, west, &mut agents).await);
+            let topology = format!("hub{label}");
+            memory.push(unexported_check(&topology, cfg, east, west, &mut agents).await);
         }
     }
     renewer.abort();
@@ -774,7 +805,13 @@ async fn unexported_check(
     line
 }
 
-async fn run_mesh(n: usize, cfg: &Config, rows: &mut Vec<Row>, memory: &mut Vec<String>) {
+async fn run_mesh(
+    n: usize,
+    cfg: &Config,
+    (label, bin): &(String, PathBuf),
+    rows: &mut Vec<Row>,
+    memory: &mut Vec<String>,
+) {
     let ids: Vec<String> = ["east", "west", "north"]
         .iter()
         .map(|s| (*s).to_owned())
@@ -796,18 +833,18 @@ async fn run_mesh(n: usize, cfg: &Config, rows: &mut Vec<Row>, memory: &mut Vec<
     let mut agents: Vec<Agent> = clusters
         .iter()
         .enumerate()
-        .map(|(i, c)| agent(c, &ids[i], &mesh_args(&ids, &paths, i)))
+        .map(|(i, c)| agent(bin, c, &ids[i], &mesh_args(&ids, &paths, i)))
         .collect();
     let (east, west) = (&clients[0], &clients[1]);
     for client in &clients {
         converged(client, n, cfg).await;
     }
     let converge = t0.elapsed();
-    eprintln!("[scale] mesh, {n} clusters: converged in {converge:.1?}");
+    eprintln!("[scale] mesh{label}, {n} clusters: converged in {converge:.1?}");
     let export = export_probes(east, west, &format!("m{n}"), cfg).await;
     let unready = unready_probes(east, west, cfg).await;
     rows.push(Row {
-        topology: "mesh",
+        topology: format!("mesh{label}"),
         clusters: n,
         converge,
         export,
@@ -817,7 +854,8 @@ async fn run_mesh(n: usize, cfg: &Config, rows: &mut Vec<Row>, memory: &mut Vec<
     });
     print_row(rows.last().unwrap());
     if n == cfg.mesh[0] && cfg.unexported > 0 {
-        memory.push(unexported_check("mesh", cfg, east, west, &mut agents).await);
+        let topology = format!("mesh{label}");
+        memory.push(unexported_check(&topology, cfg, east, west, &mut agents).await);
     }
     for a in &mut agents {
         a.assert_running();
@@ -886,9 +924,13 @@ async fn main() {
     let t0 = Instant::now();
     let mut rows = Vec::new();
     let mut memory = Vec::new();
-    run_hub(&cfg, &mut rows, &mut memory).await;
-    for &n in &cfg.mesh.clone() {
-        run_mesh(n, &cfg, &mut rows, &mut memory).await;
+    for agent in &cfg.agents {
+        run_hub(&cfg, agent, &mut rows, &mut memory).await;
+    }
+    for agent in &cfg.agents {
+        for &n in &cfg.mesh {
+            run_mesh(n, &cfg, agent, &mut rows, &mut memory).await;
+        }
     }
     println!(
         "\nscale: {} services x {} endpoints per member, {} probes per size ({:.0?} in all)\n",

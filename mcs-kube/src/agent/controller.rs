@@ -1,8 +1,9 @@
 //! Wiring only: sources feed facts into the state; the state says which services they
 //! touched; kube-runtime's scheduler delays and de-duplicates the work (reconciles,
-//! publications, retries, member checks); a backlog runs what is due, publications first;
-//! plans go to the writer, records to the publisher. Decisions live in `state`, `health`,
-//! `reconcile` and `desired`.
+//! publications, retries, member checks); a backlog starts what is due, publications
+//! first; plans go to the writer, records to the publisher, up to
+//! [`AgentConfig::max_concurrent_writes`] of them at once and one per service, while new
+//! facts keep coming in. Decisions live in `state`, `health`, `reconcile` and `desired`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::future::Future;
@@ -11,19 +12,21 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use kube::runtime::scheduler::{ScheduleRequest, Scheduler, scheduler};
 use mcs_core::name::ServiceRef;
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
-use super::health::retry_delay;
+use super::health::retry_backoff;
 use super::index::Touched;
 use super::publish::{self, PUBLISHING};
 use super::reconcile;
 use super::source::{self, Fact};
 use super::state::{Mode, Settings, State};
-use super::writer::Writer;
+use super::writer::{WriteError, Writer};
 use super::{
     AgentConfig, AgentError, AgentHealth, AgentMetrics, GaugeValues, ResyncRequests, Topology,
 };
@@ -68,8 +71,75 @@ struct Backlog {
     queued: HashSet<Due>,
 }
 
-/// Pieces of work done before the agent looks at new facts again.
+/// Pieces of work started before the agent looks at new facts again.
 const BATCH: usize = 16;
+
+/// Work whose writes are in flight: at most `limit` at once, and one per piece of work (a
+/// service's next reconcile waits for its writes to be answered, as kube-runtime's
+/// controller runs one reconcile per object). Work that comes due while its own writes are
+/// in flight runs again once they are answered, with what the agent knows by then.
+#[derive(Debug)]
+struct InFlight {
+    limit: usize,
+    running: HashSet<Due>,
+    again: HashSet<Due>,
+}
+
+impl InFlight {
+    fn new(limit: usize) -> Self {
+        Self {
+            limit: limit.max(1),
+            running: HashSet::new(),
+            again: HashSet::new(),
+        }
+    }
+
+    /// Whether another piece of work may start.
+    fn has_room(&self) -> bool {
+        self.running.len() < self.limit
+    }
+
+    /// Starts `due` if its own writes are not in flight; otherwise marks it to run again
+    /// when they are answered, and returns false.
+    fn start(&mut self, due: &Due) -> bool {
+        if self.running.contains(due) {
+            self.again.insert(due.clone());
+            return false;
+        }
+        self.running.insert(due.clone());
+        true
+    }
+
+    /// `due`'s writes were answered; returns whether it came due again meanwhile.
+    fn finish(&mut self, due: &Due) -> bool {
+        self.running.remove(due);
+        self.again.remove(due)
+    }
+}
+
+/// What a piece of work's writes came to, for [`finish`].
+enum Done {
+    /// A reconcile's writes, started during pass number `pass`.
+    Reconcile {
+        service: ServiceRef,
+        pass: u64,
+        result: Result<(), WriteError>,
+    },
+    /// A publication on the hub.
+    Publish {
+        service: ServiceRef,
+        result: Result<(), String>,
+    },
+}
+
+impl Done {
+    fn due(&self) -> Due {
+        match self {
+            Done::Reconcile { service, .. } => Due::Reconcile(service.clone()),
+            Done::Publish { service, .. } => Due::Publish(service.clone()),
+        }
+    }
+}
 
 impl Backlog {
     fn push(&mut self, due: Due) {
@@ -95,6 +165,8 @@ impl Backlog {
 
 /// Services a full pass still has to reconcile, and what to do when it is done.
 struct Pass {
+    /// Its number: only reconciles started during the pass count for it.
+    number: u64,
     remaining: BTreeSet<ServiceRef>,
     /// The resync request it answers (`None`: the first pass after the first sync).
     resync: Option<u64>,
@@ -160,7 +232,7 @@ pub(super) async fn run(
         },
         peers,
     );
-    let writer = Writer::new(local_client, config.field_manager.clone());
+    let writer = Arc::new(Writer::new(local_client, config.field_manager.clone()));
     let (schedule_tx, schedule_rx) = futures::channel::mpsc::unbounded::<ScheduleRequest<Due>>();
     let mut scheduler = std::pin::pin!(scheduler(schedule_rx));
     let schedule = |due: Due, at: Instant| {
@@ -169,7 +241,10 @@ pub(super) async fn run(
             run_at: at.into(),
         });
     };
-    let mut attempts: HashMap<Due, u32> = HashMap::new();
+    let mut attempts: HashMap<Due, Attempts> = HashMap::new();
+    let mut in_flight = InFlight::new(config.max_concurrent_writes);
+    let mut writes: FuturesUnordered<BoxFuture<'static, Done>> = FuturesUnordered::new();
+    let mut passes = 0u64;
     // Writes the own cluster refused (403), by service: they make the agent not ready.
     let mut forbidden: BTreeMap<ServiceRef, String> = BTreeMap::new();
     let mut pass: Option<Pass> = None;
@@ -248,36 +323,59 @@ pub(super) async fn run(
                     backlog.push(more);
                 }
             }
-            () = std::future::ready(()), if !backlog.is_empty() => {
+            Some(done) = writes.next(), if !writes.is_empty() => {
+                let due = done.due();
+                finish(
+                    done,
+                    &mut state,
+                    &metrics,
+                    &mut attempts,
+                    &mut forbidden,
+                    &mut pass,
+                    &schedule,
+                );
+                if in_flight.finish(&due) {
+                    schedule(due, Instant::now());
+                }
+            }
+            () = std::future::ready(()), if !backlog.is_empty() && in_flight.has_room() => {
                 // One batch, urgent work first; then new facts get a look in.
                 for _ in 0..BATCH {
+                    if !in_flight.has_room() {
+                        break;
+                    }
                     let Some(due) = backlog.pop() else { break };
                     if !due.may_run(state.synced(), state.own_exports_synced()) {
                         // Held by the scheduler until it may.
                         schedule(due, Instant::now());
                         continue;
                     }
-                    work(
+                    if due != Due::Members && !in_flight.start(&due) {
+                        continue;
+                    }
+                    let current = pass.as_ref().map_or(0, |p| p.number);
+                    if let Some(write) = begin(
                         due,
                         &mut state,
                         &writer,
                         publisher.as_ref(),
                         &metrics,
-                        &mut attempts,
-                        &mut forbidden,
-                        &mut pass,
+                        current,
                         &schedule,
-                    )
-                    .await;
+                    ) {
+                        writes.push(write);
+                    }
                 }
             }
         }
         if state.synced() && pass.is_none() {
             if !first_pass_done {
                 // The first full pass after the first sync: readiness waits for it.
-                pass = Some(start_pass(&state, None, &schedule));
+                passes += 1;
+                pass = Some(start_pass(&state, passes, None, &schedule));
             } else if let Some(id) = resync_wanted.take() {
-                pass = Some(start_pass(&state, Some(id), &schedule));
+                passes += 1;
+                pass = Some(start_pass(&state, passes, Some(id), &schedule));
             }
         }
         let now = Instant::now();
@@ -329,40 +427,65 @@ where
     ready.next().await
 }
 
-/// Schedules a full pass over every known service now.
-fn start_pass(state: &State, resync: Option<u64>, schedule: &impl Fn(Due, Instant)) -> Pass {
+/// Schedules a full pass over every known service now. A service whose writes are in
+/// flight runs again when they are answered ([`InFlight`]), and counts for the pass then.
+fn start_pass(
+    state: &State,
+    number: u64,
+    resync: Option<u64>,
+    schedule: &impl Fn(Due, Instant),
+) -> Pass {
     let now = Instant::now();
     let all: Touched = state.all_services();
     for service in &all {
         schedule(Due::Reconcile(service.clone()), now);
     }
     Pass {
+        number,
         remaining: all,
         resync,
     }
 }
 
-/// Does one piece of work.
-#[allow(clippy::too_many_arguments)]
-async fn work(
+/// The retries of one piece of work that keeps failing: how many, and the next delays.
+struct Attempts {
+    count: u32,
+    delays: backon::ExponentialBackoff,
+}
+
+/// Schedules `due` again after the next delay of its backoff; returns the attempt number
+/// and the delay.
+fn retry(
+    attempts: &mut HashMap<Due, Attempts>,
+    due: Due,
+    schedule: &impl Fn(Due, Instant),
+) -> (u32, std::time::Duration) {
+    let a = attempts.entry(due.clone()).or_insert_with(|| Attempts {
+        count: 0,
+        delays: retry_backoff(),
+    });
+    a.count += 1;
+    let delay = a
+        .delays
+        .next()
+        .unwrap_or(std::time::Duration::from_secs(32));
+    schedule(due, Instant::now() + delay);
+    (a.count, delay)
+}
+
+/// Starts one piece of work: judges the members at once, or plans a reconcile or a
+/// publication from what the agent knows now and returns its writes, to run while the
+/// agent goes on.
+fn begin(
     due: Due,
     state: &mut State,
-    writer: &Writer,
+    writer: &Arc<Writer>,
     publisher: Option<&Publisher>,
     metrics: &AgentMetrics,
-    attempts: &mut HashMap<Due, u32>,
-    forbidden: &mut BTreeMap<ServiceRef, String>,
-    pass: &mut Option<Pass>,
+    pass: u64,
     schedule: &impl Fn(Due, Instant),
-) {
+) -> Option<BoxFuture<'static, Done>> {
     let now = Instant::now();
-    let retry = |attempts: &mut HashMap<Due, u32>, due: Due| {
-        let n = attempts.entry(due.clone()).or_insert(0);
-        *n += 1;
-        let delay = retry_delay(*n);
-        schedule(due, Instant::now() + delay);
-        (*n, delay)
-    };
     match due {
         Due::Members => {
             let (touched, next) = state.judge_members(now);
@@ -372,6 +495,7 @@ async fn work(
             if let Some(at) = next {
                 schedule(Due::Members, at);
             }
+            None
         }
         Due::Reconcile(service) => {
             // One span per reconcile, naming the service: the merge, the plan and the
@@ -382,8 +506,59 @@ async fn work(
                 reconcile::plan(&state.inputs_for(&service, now))
             });
             metrics.reconciled();
-            let result = writer.execute(&service, plan).instrument(span).await;
-            if let Some(p) = pass.as_mut() {
+            let writer = Arc::clone(writer);
+            Some(
+                async move {
+                    let result = writer.execute(&service, plan).await;
+                    Done::Reconcile {
+                        service,
+                        pass,
+                        result,
+                    }
+                }
+                .instrument(span)
+                .boxed(),
+            )
+        }
+        Due::Publish(service) => {
+            let publisher = publisher?.clone();
+            let want = state.desired_record(&service);
+            let have = state.published(&service).cloned();
+            Some(
+                async move {
+                    let result = publisher
+                        .publish(&service, want, have.as_ref())
+                        .await
+                        .map_err(|e| e.to_string());
+                    Done::Publish { service, result }
+                }
+                .boxed(),
+            )
+        }
+    }
+}
+
+/// Takes in what a piece of work's writes came to: retries what failed, says what was
+/// refused, counts the reconcile for the pass it was started in.
+fn finish(
+    done: Done,
+    state: &mut State,
+    metrics: &AgentMetrics,
+    attempts: &mut HashMap<Due, Attempts>,
+    forbidden: &mut BTreeMap<ServiceRef, String>,
+    pass: &mut Option<Pass>,
+    schedule: &impl Fn(Due, Instant),
+) {
+    let now = Instant::now();
+    match done {
+        Done::Reconcile {
+            service,
+            pass: started_in,
+            result,
+        } => {
+            if let Some(p) = pass.as_mut()
+                && p.number == started_in
+            {
                 p.remaining.remove(&service);
             }
             match result {
@@ -400,7 +575,7 @@ async fn work(
                 }
                 Err(e) => {
                     metrics.failed();
-                    let (n, delay) = retry(attempts, Due::Reconcile(service.clone()));
+                    let (n, delay) = retry(attempts, Due::Reconcile(service.clone()), schedule);
                     if e.is_forbidden() {
                         if !forbidden.contains_key(&service) {
                             tracing::error!(service = %service, error = %e, "the agent's own cluster refused a write (403): its identity lacks a permission of deploy/rbac/agent-local.yaml; not ready, retrying in {delay:?}");
@@ -413,19 +588,10 @@ async fn work(
                 }
             }
         }
-        Due::Publish(service) => {
-            let Some(publisher) = publisher else {
-                return;
-            };
-            let want = state.desired_record(&service);
-            let have = state.published(&service).cloned();
-            let result = publisher
-                .publish(&service, want, have.as_ref())
-                .await
-                .map_err(|e| e.to_string());
+        Done::Publish { service, result } => {
             let failed = result.is_err();
             if let Err(error) = &result {
-                let (n, delay) = retry(attempts, Due::Publish(service.clone()));
+                let (n, delay) = retry(attempts, Due::Publish(service.clone()), schedule);
                 tracing::warn!(service = %service, error, attempt = n, "publishing to the hub failed; retrying in {delay:?}");
             } else {
                 attempts.remove(&Due::Publish(service.clone()));
@@ -496,5 +662,42 @@ mod tests {
         // Done work may come back.
         backlog.push(Due::Reconcile(svc("a")));
         assert_eq!(backlog.pop(), Some(Due::Reconcile(svc("a"))));
+    }
+
+    /// Up to the limit at once, one per service; a service that comes due while its writes
+    /// are in flight (any number of times) runs once more after they are answered, and
+    /// not again after that.
+    #[test]
+    fn writes_in_flight_are_bounded_one_per_service_and_rerun_once_when_due_meanwhile() {
+        let mut in_flight = InFlight::new(2);
+        let (a, b, c) = (
+            Due::Reconcile(svc("a")),
+            Due::Reconcile(svc("b")),
+            Due::Publish(svc("a")),
+        );
+        assert!(in_flight.has_room());
+        assert!(in_flight.start(&a));
+        assert!(!in_flight.start(&a), "a's writes are in flight");
+        assert!(!in_flight.start(&a));
+        assert!(in_flight.has_room(), "a waiting does not take room");
+        assert!(
+            in_flight.start(&c),
+            "a publication is other work than a reconcile"
+        );
+        assert!(!in_flight.has_room());
+
+        assert!(in_flight.finish(&a), "a came due meanwhile: it runs again");
+        assert!(in_flight.has_room());
+        assert!(in_flight.start(&a));
+        assert!(!in_flight.finish(&a), "not due again since it started");
+        assert!(!in_flight.finish(&c));
+        assert!(in_flight.start(&b));
+        assert!(!in_flight.finish(&b));
+        assert!(in_flight.has_room());
+
+        // A limit of zero is one.
+        let mut one = InFlight::new(0);
+        assert!(one.start(&a));
+        assert!(!one.has_room());
     }
 }

@@ -129,10 +129,18 @@ pub(crate) fn next_check(
     }
 }
 
-/// How long to wait before retrying a write that failed `attempts` times in a row:
-/// 500 ms, doubling, at most 32 s.
-pub(crate) fn retry_delay(attempts: u32) -> Duration {
-    Duration::from_millis(250 * 2u64.pow(attempts.clamp(1, 7)))
+/// The delays before the retries of a write that keeps failing: from 500 ms, doubling, at
+/// most 32 s, each with a random jitter of up to its own length (so that agents, and the
+/// services of one agent, that failed together do not all retry together).
+pub(crate) fn retry_backoff() -> backon::ExponentialBackoff {
+    use backon::BackoffBuilder;
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(500))
+        .with_max_delay(Duration::from_secs(32))
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+        .build()
 }
 
 /// The hub's health, as the agent's watches and writes there see it.
@@ -324,12 +332,28 @@ mod tests {
         assert_eq!(renewed.expires_at(), later + Duration::from_secs(40));
     }
 
+    /// Each delay is its step (500 ms, doubling, capped at 32 s) plus a jitter below the
+    /// step; two sequences differ (the jitter is seeded per sequence).
     #[test]
-    fn retries_back_off_to_a_cap() {
-        assert_eq!(retry_delay(1), Duration::from_millis(500));
-        assert_eq!(retry_delay(2), Duration::from_secs(1));
-        assert_eq!(retry_delay(7), Duration::from_secs(32));
-        assert_eq!(retry_delay(50), Duration::from_secs(32));
+    fn retries_back_off_to_a_cap_with_jitter() {
+        let steps = [
+            500, 1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 32_000, 32_000,
+        ];
+        let first: Vec<Duration> = retry_backoff().take(steps.len()).collect();
+        for (delay, step) in first.iter().zip(steps) {
+            let step = Duration::from_millis(step);
+            assert!(
+                *delay >= step && *delay < step * 2,
+                "{delay:?} not in [{step:?}, 2 x {step:?})"
+            );
+        }
+        let others: Vec<Vec<Duration>> = (0..4)
+            .map(|_| retry_backoff().take(steps.len()).collect())
+            .collect();
+        assert!(
+            others.iter().any(|o| *o != first),
+            "five sequences, all with the same jitter"
+        );
     }
 
     #[test]

@@ -122,6 +122,10 @@ impl std::fmt::Debug for HubConfig {
     }
 }
 
+/// How many services' writes an agent has in flight at once by default
+/// ([`AgentConfig::max_concurrent_writes`]).
+pub const DEFAULT_MAX_CONCURRENT_WRITES: usize = 16;
+
 /// Agent settings.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
@@ -146,6 +150,9 @@ pub struct AgentConfig {
     pub metrics_refresh: Duration,
     /// How often the CIDR checks run ([`cidr`]; default 60 s).
     pub cidr_interval: Duration,
+    /// How many services' writes may be in flight at once (default
+    /// [`DEFAULT_MAX_CONCURRENT_WRITES`]); a service's writes are never in flight twice.
+    pub max_concurrent_writes: usize,
     /// Whether cluster selection (KEP-5939) is on: see `AgentConfig::cluster_selection`
     /// (feature `unstable-cluster-selection`).
     cluster_selection: bool,
@@ -174,6 +181,7 @@ impl AgentConfig {
             probe_interval: Duration::from_secs(10),
             metrics_refresh: crate::metrics::GAUGE_REFRESH,
             cidr_interval: Duration::from_secs(60),
+            max_concurrent_writes: DEFAULT_MAX_CONCURRENT_WRITES,
             cluster_selection: false,
         }
     }
@@ -224,6 +232,13 @@ impl AgentConfig {
     #[must_use]
     pub fn cluster_selection(mut self, on: bool) -> Self {
         self.cluster_selection = on;
+        self
+    }
+
+    /// Sets how many services' writes may be in flight at once (at least 1).
+    #[must_use]
+    pub fn max_concurrent_writes(mut self, n: usize) -> Self {
+        self.max_concurrent_writes = n.max(1);
         self
     }
 
