@@ -574,10 +574,13 @@ async fn simulated_member(
         .client_as_user(&format!("mcs:member:{id}"), &["mcs:members"])
         .await;
     let publisher = Publisher::new(client, &id, "mcs-agent");
-    publisher
-        .renew_lease(LEASE)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    // The member's RoleBinding was just made: the hub's authorizer may not know it yet.
+    support::wait_for(
+        &format!("{id}'s first Lease renewal"),
+        Duration::from_secs(60),
+        || async { publisher.renew_lease(LEASE).await.ok() },
+    )
+    .await;
     let created = Time(k8s_openapi::jiff::Timestamp::now());
     futures::stream::iter(0..cfg.services)
         .for_each_concurrent(8, |i| {
@@ -605,6 +608,9 @@ struct Row {
     topology: String,
     clusters: usize,
     converge: Duration,
+    /// The part of `converge` after the last record of the step was published (hub) or
+    /// the agents started (mesh): the agents' own share.
+    settle: Duration,
     export: Vec<Duration>,
     unready: Vec<Duration>,
     hub_apiserver_rss: Option<f64>,
@@ -704,11 +710,13 @@ async fn run_hub(
             sims.push(simulated_member(hub, &hub_admin, member, cfg).await);
         }
         renewals.0.send_replace(sims.clone());
+        let published = Instant::now();
         // Converged: every real member imports everything (their agents are past the
         // burst, so the probes measure a settled set).
         for client in &clients {
             converged(client, n, cfg).await;
         }
+        let settle = published.elapsed();
         let converge = if n == cfg.sizes[0] {
             t_grow.elapsed()
         } else {
@@ -718,10 +726,12 @@ async fn run_hub(
             a.assert_running();
         }
         let cpu_growth = hub_cpu(hub).await - cpu0;
-        eprintln!("[scale] hub{label}, {n} clusters: converged in {converge:.1?}");
+        eprintln!(
+            "[scale] hub{label}, {n} clusters: converged in {converge:.1?} ({settle:.1?} after the last record)"
+        );
         let export = export_probes(east, west, &format!("h{n}"), cfg).await;
         eprintln!(
-            "[scale] hub, {n} clusters: export→import in probe order (ms): {}",
+            "[scale] hub{label}, {n} clusters: export→import in probe order (ms): {}",
             list_ms(&export)
         );
         let unready = unready_probes(east, west, cfg).await;
@@ -749,6 +759,7 @@ async fn run_hub(
             topology: format!("hub{label}"),
             clusters: n,
             converge,
+            settle,
             export,
             unready,
             hub_apiserver_rss: hub.pid("kube-apiserver").map(rss_mib),
@@ -835,11 +846,12 @@ async fn run_mesh(
         .enumerate()
         .map(|(i, c)| agent(bin, c, &ids[i], &mesh_args(&ids, &paths, i)))
         .collect();
+    let started = Instant::now();
     let (east, west) = (&clients[0], &clients[1]);
     for client in &clients {
         converged(client, n, cfg).await;
     }
-    let converge = t0.elapsed();
+    let (converge, settle) = (t0.elapsed(), started.elapsed());
     eprintln!("[scale] mesh{label}, {n} clusters: converged in {converge:.1?}");
     let export = export_probes(east, west, &format!("m{n}"), cfg).await;
     let unready = unready_probes(east, west, cfg).await;
@@ -847,6 +859,7 @@ async fn run_mesh(
         topology: format!("mesh{label}"),
         clusters: n,
         converge,
+        settle,
         export,
         unready,
         agent_rss: agents.iter().map(|a| rss_mib(a.pid())).collect(),
@@ -877,7 +890,7 @@ fn mesh_args(ids: &[String], paths: &[PathBuf], me: usize) -> Vec<String> {
 }
 
 fn header() -> &'static str {
-    "| topology | clusters | converge s | export→import p50 / p99 ms | unready→gone p50 / p99 ms | hub apiserver / etcd RSS MiB | hub CPU s (growth) / idle cores | agent RSS MiB (east, west, north) | records |\n\
+    "| topology | clusters | converge s (after the last record) | export→import p50 / p99 ms | unready→gone p50 / p99 ms | hub apiserver / etcd RSS MiB | hub CPU s (growth) / idle cores | agent RSS MiB (east, west, north) | records |\n\
      |---|---|---|---|---|---|---|---|---|"
 }
 
@@ -885,10 +898,11 @@ fn format_row(r: &Row) -> String {
     let (mut e, mut u) = (r.export.clone(), r.unready.clone());
     let opt = |v: Option<f64>, p: usize| v.map_or("-".to_owned(), |v| format!("{v:.p$}"));
     format!(
-        "| {} | {} | {:.1} | {} / {} | {} / {} | {} / {} | {} / {} | {} | {} |",
+        "| {} | {} | {:.1} ({:.1}) | {} / {} | {} / {} | {} / {} | {} / {} | {} | {} |",
         r.topology,
         r.clusters,
         r.converge.as_secs_f64(),
+        r.settle.as_secs_f64(),
         ms(pct(&mut e, 0.5)),
         ms(pct(&mut e, 0.99)),
         ms(pct(&mut u, 0.5)),

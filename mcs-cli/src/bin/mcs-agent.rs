@@ -34,7 +34,9 @@ use clap::Parser;
 use mcs_core::ClusterId;
 use mcs_core::api::CLUSTER_ID_PROPERTY;
 use mcs_kube::admin;
-use mcs_kube::agent::{Agent, AgentConfig, HubConfig, Member, local_cluster_id};
+use mcs_kube::agent::{
+    Agent, AgentConfig, DEFAULT_MAX_CONCURRENT_WRITES, HubConfig, Member, local_cluster_id,
+};
 
 /// The MCS agent: merges every member's ServiceExports (read from each member, or from a
 /// hub) and writes ServiceImports, EndpointSlices, derived Services and export conditions
@@ -88,6 +90,9 @@ struct Args {
     /// members with overlapping ranges).
     #[arg(long, default_value_t = 60)]
     cidr_check_seconds: u64,
+    /// How many services' writes may be in flight at once (one per service; 0 counts as 1).
+    #[arg(long, default_value_t = DEFAULT_MAX_CONCURRENT_WRITES)]
+    max_concurrent_writes: usize,
     /// Cluster selection (KEP-5939, alpha; mesh topology only): watch every member's
     /// ClusterProperties (deploy/rbac/agent-cluster-selection.yaml) and write each import's
     /// status.clusterSelectorResults. Needs the CRDs of deploy/crds-cluster-selection/.
@@ -173,6 +178,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         .unreachable_grace(Duration::from_secs(args.unreachable_grace_seconds))
         .resync(Duration::from_secs(args.resync_seconds))
         .cidr_interval(Duration::from_secs(args.cidr_check_seconds))
+        .max_concurrent_writes(args.max_concurrent_writes)
         .cluster_selection(args.cluster_selection);
     if !args.allowed_namespaces.is_empty() {
         config = config.allowed_namespaces(args.allowed_namespaces.clone());

@@ -354,8 +354,8 @@ pub(super) async fn run(
                         continue;
                     }
                     let current = pass.as_ref().map_or(0, |p| p.number);
-                    if let Some(write) = begin(
-                        due,
+                    match begin(
+                        due.clone(),
                         &mut state,
                         &writer,
                         publisher.as_ref(),
@@ -363,7 +363,11 @@ pub(super) async fn run(
                         current,
                         &schedule,
                     ) {
-                        writes.push(write);
+                        Some(write) => writes.push(write),
+                        // Nothing to write (member checks run at once).
+                        None => {
+                            in_flight.finish(&due);
+                        }
                     }
                 }
             }
