@@ -92,7 +92,7 @@ pub(crate) struct ServiceInputs<'a> {
 pub(crate) struct ClusterProperties<'a> {
     /// This (the importing) cluster's.
     pub local: &'a Properties,
-    /// The members' whose properties are known, by cluster id (a member without any
+    /// The members whose properties are known, by cluster id (a member without any
     /// has an empty map here; one missing is not known).
     pub members: BTreeMap<ClusterId, &'a Properties>,
 }
