@@ -103,37 +103,31 @@ async fn mcs_agent_with_hub_imports_through_the_hub() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hub_and_member_flags_exclude_each_other() {
+/// Runs mcs-agent with `args` (and no hub kubeconfig from the environment), expects it to
+/// refuse them, and returns what it wrote to stderr.
+async fn refused(args: &[&str]) -> String {
     let output = Command::new(env!("CARGO_BIN_EXE_mcs-agent"))
-        .args(["--hub=/nonexistent/hub.kubeconfig", "--member=east"])
+        .env_remove("MCS_HUB_KUBECONFIG")
+        .args(args)
         .output()
         .await
         .expect("run mcs-agent");
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "mcs-agent accepted {args:?}");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hub_and_member_flags_exclude_each_other() {
+    let stderr = refused(&["--hub=/nonexistent/hub.kubeconfig", "--member=east"]).await;
     assert!(
         stderr.contains("'--hub <HUB>' cannot be used with '--member <MEMBERS>'")
             || stderr.contains("cannot be used with"),
         "{stderr}"
     );
-    let output = Command::new(env!("CARGO_BIN_EXE_mcs-agent"))
-        .env_remove("MCS_HUB_KUBECONFIG")
-        .arg("--cluster-id=east")
-        .output()
-        .await
-        .expect("run mcs-agent");
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = refused(&["--cluster-id=east"]).await;
     assert!(stderr.contains("--member <MEMBERS>"), "{stderr}");
     // Cluster selection needs the mesh topology (hub members do not publish properties).
-    let output = Command::new(env!("CARGO_BIN_EXE_mcs-agent"))
-        .args(["--hub=/nonexistent/hub.kubeconfig", "--cluster-selection"])
-        .output()
-        .await
-        .expect("run mcs-agent");
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = refused(&["--hub=/nonexistent/hub.kubeconfig", "--cluster-selection"]).await;
     assert!(
         stderr.contains("'--hub <HUB>' cannot be used with '--cluster-selection'"),
         "{stderr}"

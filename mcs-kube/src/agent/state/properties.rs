@@ -74,22 +74,20 @@ impl MemberProperties {
     }
 }
 
+/// A ClusterProperty `name` with `value`, for tests.
+#[cfg(test)]
+pub(super) fn property(name: &str, value: &str) -> ClusterProperty {
+    ClusterProperty::new(
+        name,
+        mcs_core::api::ClusterPropertySpec {
+            value: value.to_owned(),
+        },
+    )
+}
+
 #[cfg(test)]
 mod tests {
-    use mcs_core::api::ClusterPropertySpec;
-
     use super::*;
-
-    fn property(name: &str, value: &str) -> ClusterProperty {
-        let mut p = ClusterProperty::new(
-            name,
-            ClusterPropertySpec {
-                value: value.to_owned(),
-            },
-        );
-        p.metadata.name = Some(name.to_owned());
-        p
-    }
 
     fn pairs(known: Option<&Properties>) -> Option<Vec<(&str, &str)>> {
         known.map(|p| p.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect())

@@ -20,6 +20,7 @@ use super::super::desired::LABEL_K8S_SERVICE_NAME;
 use super::super::index::Touched;
 use super::super::reconcile::Publication;
 use super::super::source::{Fact, KIND_EXPORT, KIND_RECORD, KIND_SERVICE, KIND_SLICE, Origin};
+use super::properties::property as cluster_property;
 use super::{Mode, Settings, State};
 use crate::hub::LABEL_MEMBER;
 use crate::hub::record::MemberExport;
@@ -683,17 +684,6 @@ fn a_watch_answering_again_clears_its_error_and_reconciles_the_members_services(
     assert!(changes.members);
     assert!(changes.reconcile.contains(&svc("hello")));
     assert_eq!(s.reachable_members(now), 2);
-}
-
-fn cluster_property(name: &str, value: &str) -> mcs_core::api::v1beta1::ClusterProperty {
-    let mut p = mcs_core::api::v1beta1::ClusterProperty::new(
-        name,
-        mcs_core::api::ClusterPropertySpec {
-            value: value.to_owned(),
-        },
-    );
-    p.metadata.name = Some(name.to_owned());
-    p
 }
 
 /// With cluster selection on, the planner gets this cluster's and the members' properties
