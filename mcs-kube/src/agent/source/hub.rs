@@ -45,7 +45,7 @@ pub(crate) fn spawn(
     let own_records = Api::<MemberExport>::namespaced(hub.clone(), &own);
     tasks.spawn(async move {
         let stream =
-            watcher::watcher(own_records, watcher::Config::default()).backoff(hub_backoff());
+            super::lean_watcher(own_records, watcher::Config::default()).backoff(hub_backoff());
         forward(
             stream,
             tx_own,
@@ -58,7 +58,7 @@ pub(crate) fn spawn(
 
     let (tx, local, hub) = (tx.clone(), local.clone(), hub.clone());
     tasks.spawn(async move {
-        let namespaces = watcher::watcher(
+        let namespaces = super::lean_watcher(
             Api::<Namespace>::all(hub.clone()),
             watcher::Config::default().labels(LABEL_MEMBER),
         )
@@ -136,7 +136,8 @@ fn watch_member(
     let (tx1, tx2) = (tx.clone(), tx.clone());
     let (m1, m2) = (member.clone(), member.clone());
     let a = children.spawn(async move {
-        let stream = watcher::watcher(records, watcher::Config::default()).backoff(hub_backoff());
+        let stream =
+            super::lean_watcher(records, watcher::Config::default()).backoff(hub_backoff());
         let errors = member_errors(m1.clone());
         forward_with(stream, tx1, errors, KIND_RECORD, move |e| {
             Fact::Record(m1.clone(), e)
@@ -145,7 +146,7 @@ fn watch_member(
     });
     let b = children.spawn(async move {
         let config = watcher::Config::default().fields(&format!("metadata.name={LEASE_NAME}"));
-        let stream = watcher::watcher(leases, config).backoff(hub_backoff());
+        let stream = super::lean_watcher(leases, config).backoff(hub_backoff());
         let errors = member_errors(m2.clone());
         forward_with(stream, tx2, errors, KIND_LEASE, move |e| {
             Fact::Lease(m2.clone(), e)

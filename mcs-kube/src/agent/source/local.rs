@@ -86,7 +86,7 @@ pub(crate) fn spawn_exported(
     let (tx, local, client) = (tx.clone(), local.clone(), client.clone());
     tasks.spawn(async move {
         let origin = Origin::Member(local.clone());
-        let exports = watcher::watcher(
+        let exports = super::lean_watcher(
             Api::<ServiceExport>::all(client.clone()),
             watcher::Config::default(),
         )
@@ -173,14 +173,14 @@ fn watch_service(
     let (s1, s2) = (service.clone(), service.clone());
     let (o1, o2) = (Origin::Member(local.clone()), Origin::Member(local.clone()));
     let a = children.spawn(async move {
-        let stream = watcher::watcher(services, by_name).default_backoff();
+        let stream = super::lean_watcher(services, by_name).default_backoff();
         forward(stream, tx1, o1, KIND_SERVICE, move |e| {
             Fact::ServiceOf(s1.clone(), e)
         })
         .await;
     });
     let b = children.spawn(async move {
-        let stream = watcher::watcher(slices, by_label).default_backoff();
+        let stream = super::lean_watcher(slices, by_label).default_backoff();
         forward(stream, tx2, o2, KIND_SLICE, move |e| {
             Fact::SlicesOf(s2.clone(), e)
         })

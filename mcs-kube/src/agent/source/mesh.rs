@@ -90,7 +90,7 @@ fn spawn_export_watch(tasks: &mut tokio::task::JoinSet<()>, tx: &Tx, member: &Me
         let origin = Origin::Member(id.clone());
         if alpha_only {
             tracing::info!(cluster = %id, "member serves only multicluster.x-k8s.io/v1alpha1; reading ServiceExports at v1alpha1");
-            let stream = watcher::watcher(
+            let stream = super::lean_watcher(
                 Api::<v1alpha1::ServiceExport>::all(client),
                 watcher::Config::default(),
             )
@@ -101,7 +101,7 @@ fn spawn_export_watch(tasks: &mut tokio::task::JoinSet<()>, tx: &Tx, member: &Me
             .await;
         } else {
             let stream =
-                watcher::watcher(Api::<ServiceExport>::all(client), watcher::Config::default())
+                super::lean_watcher(Api::<ServiceExport>::all(client), watcher::Config::default())
                     .default_backoff();
             forward(stream, tx, origin, KIND_EXPORT, move |e| {
                 Fact::Export(id.clone(), e)

@@ -115,6 +115,28 @@ pub(crate) const KIND_LEASE: &str = "Lease on the hub";
 /// The facts channel.
 pub(crate) type Tx = mpsc::Sender<Fact>;
 
+/// kube-runtime's watcher of `api`, with each object's `metadata.managedFields` dropped as
+/// it arrives. The agent reads no field of it, and it is most of what it would otherwise
+/// cache: server-side apply records, per manager, every field it set (each endpoint of an
+/// imported EndpointSlice, each port of a Service), so an object's managed fields are
+/// often larger than the rest of it. Every watch of the agent goes through here.
+pub(crate) fn lean_watcher<K>(
+    api: Api<K>,
+    config: watcher::Config,
+) -> impl Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+{
+    lean(watcher::watcher(api, config))
+}
+
+/// `stream` with each object's `metadata.managedFields` dropped.
+fn lean<K: kube::Resource>(
+    stream: impl Stream<Item = Result<Event<K>, watcher::Error>>,
+) -> impl Stream<Item = Result<Event<K>, watcher::Error>> {
+    stream.modify(|obj: &mut K| obj.meta_mut().managed_fields = None)
+}
+
 /// Spawns a watch of `api` that sends each event, wrapped by `wrap`, and each error.
 pub(crate) fn spawn_watch<K, F>(
     tasks: &mut tokio::task::JoinSet<()>,
@@ -130,7 +152,7 @@ pub(crate) fn spawn_watch<K, F>(
 {
     let tx = tx.clone();
     tasks.spawn(async move {
-        let stream = watcher::watcher(api, config).default_backoff();
+        let stream = lean_watcher(api, config).default_backoff();
         forward(stream, tx, origin, kind, wrap).await;
     });
 }
@@ -204,5 +226,59 @@ pub(crate) fn map_event<A, B>(event: Event<A>, f: impl Fn(A) -> B) -> Event<B> {
         Event::Init => Event::Init,
         Event::InitApply(a) => Event::InitApply(f(a)),
         Event::InitDone => Event::InitDone,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::StreamExt;
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+    use kube::api::ObjectMeta;
+    use kube::runtime::watcher::{self, Event};
+
+    use super::lean;
+
+    fn slice(name: &str) -> EndpointSlice {
+        EndpointSlice {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                namespace: Some("loyalty".to_owned()),
+                resource_version: Some("7".to_owned()),
+                managed_fields: Some(vec![ManagedFieldsEntry {
+                    manager: Some("mcs-agent".to_owned()),
+                    operation: Some("Apply".to_owned()),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            },
+            address_type: "IPv4".to_owned(),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn watched_objects_arrive_without_managed_fields_and_otherwise_whole() {
+        let events: Vec<Result<Event<EndpointSlice>, watcher::Error>> = vec![
+            Ok(Event::Init),
+            Ok(Event::InitApply(slice("a"))),
+            Ok(Event::InitDone),
+            Ok(Event::Apply(slice("b"))),
+            Ok(Event::Delete(slice("c"))),
+        ];
+        let out: Vec<_> = lean(futures::stream::iter(events)).collect().await;
+        let mut objects = 0;
+        for event in out {
+            match event.expect("no error") {
+                Event::InitApply(obj) | Event::Apply(obj) | Event::Delete(obj) => {
+                    objects += 1;
+                    let mut want = slice(obj.metadata.name.as_deref().unwrap());
+                    want.metadata.managed_fields = None;
+                    assert_eq!(obj, want);
+                }
+                Event::Init | Event::InitDone => {}
+            }
+        }
+        assert_eq!(objects, 3);
     }
 }
