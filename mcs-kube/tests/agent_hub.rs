@@ -225,8 +225,29 @@ async fn a_member_writes_only_its_own_namespace_on_the_hub() {
         "{err}"
     );
 
+    // Records are read in one watch across the member namespaces (deploy/rbac/hub.yaml's
+    // ClusterRole): east lists every member's records at once, its own included.
+    let everyone = Api::<MemberExport>::all(east.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("east lists the records of every member namespace");
+    let mut seen: Vec<_> = everyone
+        .items
+        .iter()
+        .map(|r| r.metadata.namespace.clone().unwrap_or_default())
+        .collect();
+    seen.sort();
+    assert_eq!(seen, ["mcs-member-east", "mcs-member-west"]);
+    // That grant is read-only: no record outside its own namespace, anywhere.
+    forbidden(
+        Api::<MemberExport>::namespaced(east.clone(), "default")
+            .create(&PostParams::default(), &record("east"))
+            .await,
+        "east writing a record outside the member namespaces",
+    );
+
     // Nothing else: no Secrets, not even in member namespaces; no cluster-wide reads of
-    // records; no other namespaces' objects.
+    // Leases; no other namespaces' objects.
     forbidden(
         Api::<Secret>::namespaced(east.clone(), "mcs-member-west")
             .list(&ListParams::default())
@@ -234,10 +255,10 @@ async fn a_member_writes_only_its_own_namespace_on_the_hub() {
         "east listing Secrets",
     );
     forbidden(
-        Api::<MemberExport>::all(east.clone())
+        Api::<Lease>::all(east.clone())
             .list(&ListParams::default())
             .await,
-        "east listing records cluster-wide",
+        "east listing Leases cluster-wide",
     );
     forbidden(
         Api::<Lease>::namespaced(east.clone(), "kube-system")
@@ -368,11 +389,11 @@ async fn a_hub_outage_removes_nothing_and_state_resyncs_when_it_is_back() {
 }
 
 /// A member joining: `deploy/rbac/hub-member.yaml` creates its namespace on the hub before
-/// the RoleBinding that lets the others read it, and an operator may forget the rest. The
-/// others neither stall nor call the hub down meanwhile; once the RoleBinding exists, the
-/// new member's records are imported.
+/// the RoleBinding that lets the others read its Lease, and an operator may forget the
+/// rest. The others neither stall nor call the hub down meanwhile; once the RoleBinding
+/// exists, the new member's records are imported.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_member_namespace_the_others_may_not_read_holds_nobody_back() {
+async fn a_member_lease_the_others_may_not_read_holds_nobody_back() {
     use k8s_openapi::api::core::v1::Namespace;
     use kube::api::ObjectMeta;
     use mcs_core::ClusterId;

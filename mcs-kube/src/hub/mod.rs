@@ -17,9 +17,12 @@
 //! # Who may do what
 //!
 //! A member's hub identity (user `mcs:member:<id>`, group `mcs:members`) may write only in
-//! its own namespace (records and Lease) and read the records and Leases of member
-//! namespaces (a RoleBinding in each), plus list member namespaces. It holds no
-//! credentials for any other member cluster. `deploy/rbac/hub-*.yaml` has the roles.
+//! its own namespace (records and Lease). It may list the member namespaces and read
+//! MemberExports in every namespace (a ClusterRole: each agent watches all members' records
+//! in one watch, so the hub's watches grow with the members, not with their square), and
+//! read the Lease of each member namespace (a RoleBinding in each). Nothing else: no other
+//! kind, no other namespace. It holds no credentials for any other member cluster.
+//! `deploy/rbac/hub*.yaml` has the roles.
 //!
 //! # When to pick it
 //!

@@ -233,7 +233,7 @@ impl State {
                         tracing::error!(
                             kind,
                             error,
-                            "the hub refuses a watch (403): the agent's hub identity lacks a permission of deploy/rbac/hub-member.yaml"
+                            "the hub refuses a watch (403): the agent's hub identity lacks a permission of deploy/rbac/hub.yaml or hub-member.yaml"
                         );
                     } else {
                         tracing::warn!(kind, error, "hub watch failing");
@@ -247,7 +247,7 @@ impl State {
                 let hub_mode = self.settings.mode == Mode::Hub;
                 let m = match self.members.get_mut(&id) {
                     Some(m) => m,
-                    // Hub: a member's namespace the hub refuses to show, before any record.
+                    // Hub: a member whose Lease the hub refuses to show.
                     None if hub_mode => self
                         .members
                         .entry(id.clone())
@@ -257,7 +257,7 @@ impl State {
                 let known = m.health.watch_errors.contains_key(kind);
                 if forbidden && !known {
                     if hub_mode {
-                        tracing::warn!(cluster = %id, kind, error, "the hub refuses to show this member's namespace (403): its reader RoleBinding (deploy/rbac/hub-member.yaml) is missing, or not applied yet; the member counts as failing until it is");
+                        tracing::warn!(cluster = %id, kind, error, "the hub refuses to show this member's Lease (403): its reader RoleBinding (deploy/rbac/hub-member.yaml) is missing, or not applied yet; the member counts as failing until it is");
                     } else {
                         tracing::error!(cluster = %id, kind, error, "watch forbidden (403): the identity used for this cluster lacks a permission (deploy/rbac/agent-local.yaml in the agent's own cluster, agent-peer-reader.yaml in a peer)");
                     }

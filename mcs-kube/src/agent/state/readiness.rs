@@ -29,9 +29,9 @@ impl State {
                     Mode::Hub if *id == self.settings.local => {
                         m.exports.is_listed() && self.awaited().is_empty()
                     }
-                    // A member whose namespace the hub refuses to show (its reader
-                    // RoleBinding is missing) holds nobody back: it has no records here,
-                    // and it is removed after the grace period like any failing member.
+                    // A member whose Lease the hub refuses to show (its reader RoleBinding
+                    // is missing) holds nobody back: it is removed after the grace period
+                    // like any failing member.
                     Mode::Hub => {
                         (m.exports.is_listed() && m.lease_listed)
                             || m.health

@@ -19,7 +19,9 @@ use mcs_core::name::ServiceRef;
 use super::super::desired::LABEL_K8S_SERVICE_NAME;
 use super::super::index::Touched;
 use super::super::reconcile::Publication;
-use super::super::source::{Fact, KIND_EXPORT, KIND_RECORD, KIND_SERVICE, KIND_SLICE, Origin};
+use super::super::source::{
+    Fact, KIND_EXPORT, KIND_LEASE, KIND_RECORD, KIND_SERVICE, KIND_SLICE, Origin,
+};
 use super::properties::property as cluster_property;
 use super::{Mode, Settings, State};
 use crate::hub::LABEL_MEMBER;
@@ -543,7 +545,7 @@ fn hub_while_the_hub_is_down_leases_do_not_count_and_imports_are_kept() {
 }
 
 #[test]
-fn hub_a_member_namespace_refused_holds_nobody_back_and_one_failing_does() {
+fn hub_a_member_lease_refused_holds_nobody_back_and_one_failing_does() {
     let now = Instant::now();
     let mut s = hub_state(vec![], now);
     let members = |name: &str| namespace(&format!("mcs-member-{name}"), &[(LABEL_MEMBER, name)]);
@@ -555,11 +557,11 @@ fn hub_a_member_namespace_refused_holds_nobody_back_and_one_failing_does() {
         "{reason}"
     );
 
-    // Refused (its reader RoleBinding missing): synced without it.
+    // Its Lease refused (its reader RoleBinding missing): synced without it.
     let refused = |forbidden| {
         Fact::WatchError(
             Origin::Member(id("west")),
-            KIND_RECORD,
+            KIND_LEASE,
             "forbidden".into(),
             forbidden,
         )
