@@ -21,7 +21,9 @@
 //!   unready, until west's imported slice no longer has it ready;
 //! - resident memory (RSS) of the hub's kube-apiserver and etcd and of the three agents,
 //!   and the CPU the hub's processes used while the set grew to that size and over
-//!   `MCS_SCALE_IDLE_SECONDS` (20) of steady state (Lease renewals only).
+//!   `MCS_SCALE_IDLE_SECONDS` (20) of steady state (Lease renewals only);
+//! - the watches open on the hub, from its own metrics (`apiserver_longrunning_requests`
+//!   with `verb="WATCH"`): the three agents' (the simulated members do not watch).
 //!
 //! **Mesh.** The same exports and probes with every agent reading every member directly,
 //! at each of `MCS_SCALE_MESH` (3,6) real clusters.
@@ -619,6 +621,8 @@ struct Row {
     hub_cpu_idle: Option<f64>,
     agent_rss: Vec<f64>,
     records: Option<usize>,
+    /// Watches open on the hub, from its own metrics.
+    hub_watches: Option<u64>,
 }
 
 fn pct(v: &mut [Duration], p: f64) -> Duration {
@@ -633,6 +637,26 @@ fn list_ms(v: &[Duration]) -> String {
 
 fn ms(d: Duration) -> String {
     format!("{:.0}", d.as_secs_f64() * 1000.0)
+}
+
+/// The watches an API server has open, from its own metrics: the sum of
+/// `apiserver_longrunning_requests` with `verb="WATCH"` (every watch a client opened,
+/// whatever its resource and scope). `None` when the metrics cannot be read.
+async fn open_watches(admin: &Client) -> Option<u64> {
+    let request = http::Request::get("/metrics")
+        .body(Vec::new())
+        .expect("a valid request");
+    let text = admin.request_text(request).await.ok()?;
+    Some(watches_in_metrics(&text))
+}
+
+fn watches_in_metrics(text: &str) -> u64 {
+    text.lines()
+        .filter(|l| {
+            l.starts_with("apiserver_longrunning_requests{") && l.contains("verb=\"WATCH\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
 }
 
 async fn hub_cpu(hub: &TestCluster) -> f64 {
@@ -755,6 +779,7 @@ async fn run_hub(
             .await
             .map(|l| l.items.len())
             .ok();
+        let hub_watches = open_watches(&hub_admin).await;
         rows.push(Row {
             topology: format!("hub{label}"),
             clusters: n,
@@ -768,6 +793,7 @@ async fn run_hub(
             hub_cpu_idle: Some(idle),
             agent_rss: agents.iter().map(|a| rss_mib(a.pid())).collect(),
             records,
+            hub_watches,
         });
         print_row(rows.last().unwrap());
         if n == cfg.sizes[0] && cfg.unexported > 0 {
@@ -890,15 +916,15 @@ fn mesh_args(ids: &[String], paths: &[PathBuf], me: usize) -> Vec<String> {
 }
 
 fn header() -> &'static str {
-    "| topology | clusters | converge s (after the last record) | export→import p50 / p99 ms | unready→gone p50 / p99 ms | hub apiserver / etcd RSS MiB | hub CPU s (growth) / idle cores | agent RSS MiB (east, west, north) | records |\n\
-     |---|---|---|---|---|---|---|---|---|"
+    "| topology | clusters | converge s (after the last record) | export→import p50 / p99 ms | unready→gone p50 / p99 ms | hub apiserver / etcd RSS MiB | hub CPU s (growth) / idle cores | agent RSS MiB (east, west, north) | records | hub watches |\n\
+     |---|---|---|---|---|---|---|---|---|---|"
 }
 
 fn format_row(r: &Row) -> String {
     let (mut e, mut u) = (r.export.clone(), r.unready.clone());
     let opt = |v: Option<f64>, p: usize| v.map_or("-".to_owned(), |v| format!("{v:.p$}"));
     format!(
-        "| {} | {} | {:.1} ({:.1}) | {} / {} | {} / {} | {} / {} | {} / {} | {} | {} |",
+        "| {} | {} | {:.1} ({:.1}) | {} / {} | {} / {} | {} / {} | {} / {} | {} | {} | {} |",
         r.topology,
         r.clusters,
         r.converge.as_secs_f64(),
@@ -918,6 +944,7 @@ fn format_row(r: &Row) -> String {
             .collect::<Vec<_>>()
             .join(", "),
         r.records.map_or("-".to_owned(), |v| v.to_string()),
+        r.hub_watches.map_or("-".to_owned(), |v| v.to_string()),
     )
 }
 
