@@ -116,10 +116,10 @@ pub(crate) const KIND_LEASE: &str = "Lease on the hub";
 pub(crate) type Tx = mpsc::Sender<Fact>;
 
 /// kube-runtime's watcher of `api`, with each object's `metadata.managedFields` dropped as
-/// it arrives. The agent reads no field of it, and it is most of what it would otherwise
-/// cache: server-side apply records, per manager, every field it set (each endpoint of an
-/// imported EndpointSlice, each port of a Service), so an object's managed fields are
-/// often larger than the rest of it. Every watch of the agent goes through here.
+/// it arrives. The agent reads no field of it, and it is a large part of many objects it
+/// keeps: server-side apply records, per manager, every field it set (each endpoint of an
+/// imported EndpointSlice, each port of a Service). Every watch of the agent goes through
+/// here.
 pub(crate) fn lean_watcher<K>(
     api: Api<K>,
     config: watcher::Config,

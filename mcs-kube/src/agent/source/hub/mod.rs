@@ -16,6 +16,13 @@ use tokio::task::AbortHandle;
 use super::{
     Fact, KIND_LEASE, KIND_MEMBERS, KIND_OWN_RECORD, KIND_RECORD, Origin, Tx, forward, forward_with,
 };
+use crate::agent::index::Relist;
+use crate::hub::record::MemberExport;
+use crate::hub::{LABEL_CLUSTER, LABEL_MEMBER, LEASE_NAME, member_namespace};
+
+mod per_member;
+
+use per_member::PerMember;
 
 /// Retries of the hub's watches: from 0.8 s, doubling, at most 10 s, with jitter (the
 /// default's 30 s cap would keep members on stale data for half a minute after a hub
@@ -29,13 +36,6 @@ fn hub_backoff() -> watcher::ExponentialBackoff {
         .without_max_times()
         .into()
 }
-use crate::agent::index::Relist;
-use crate::hub::record::MemberExport;
-use crate::hub::{LABEL_CLUSTER, LABEL_MEMBER, LEASE_NAME, member_namespace};
-
-mod per_member;
-
-use per_member::PerMember;
 
 /// Watches the hub: member namespaces; every other member's records, in one watch across
 /// the member namespaces; each other member's Lease (started and stopped as members come

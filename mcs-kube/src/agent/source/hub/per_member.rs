@@ -12,7 +12,7 @@ use kube::Resource;
 use kube::runtime::watcher::Event;
 use mcs_core::ClusterId;
 
-use crate::agent::index::{Relist, Seen};
+use crate::agent::index::{Relist, Seen, key_of};
 use crate::hub::member_namespace;
 
 /// Splits one watch's events by member, the member being the one whose namespace
@@ -74,7 +74,7 @@ impl<K: Resource> PerMember<K> {
         match self.listing.take(event) {
             Seen::Listing => Vec::new(),
             Seen::Apply(obj) => {
-                let (ns, name) = key(&obj);
+                let (ns, name) = key_of(&obj);
                 match self.members.get(&ns) {
                     Some(id) => vec![(id.clone(), Event::Apply(obj))],
                     None if ns == self.own => Vec::new(),
@@ -85,7 +85,7 @@ impl<K: Resource> PerMember<K> {
                 }
             }
             Seen::Delete(obj) => {
-                let (ns, name) = key(&obj);
+                let (ns, name) = key_of(&obj);
                 match self.members.get(&ns) {
                     Some(id) => vec![(id.clone(), Event::Delete(obj))],
                     None => {
@@ -109,7 +109,7 @@ impl<K: Resource> PerMember<K> {
                     .map(|ns| (ns.clone(), BTreeMap::new()))
                     .collect();
                 for obj in list {
-                    let (ns, name) = key(&obj);
+                    let (ns, name) = key_of(&obj);
                     if ns != self.own {
                         groups.entry(ns).or_default().insert(name, obj);
                     }
@@ -136,14 +136,6 @@ fn list_of<K>(id: &ClusterId, objects: impl Iterator<Item = K>) -> Vec<MemberEve
     events.extend(objects.map(|obj| (id.clone(), Event::InitApply(obj))));
     events.push((id.clone(), Event::InitDone));
     events
-}
-
-fn key<K: Resource>(obj: &K) -> (String, String) {
-    let meta = obj.meta();
-    (
-        meta.namespace.clone().unwrap_or_default(),
-        meta.name.clone().unwrap_or_default(),
-    )
 }
 
 #[cfg(test)]
