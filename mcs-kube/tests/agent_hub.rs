@@ -221,8 +221,55 @@ async fn a_member_writes_only_its_own_namespace_on_the_hub() {
         .expect_err("east renewing west's Lease");
     assert!(
         err.to_string()
-            .starts_with("cannot renew Lease mcs-member-west/member: "),
+            .starts_with("cannot renew Lease mcs-hub-leases/west: "),
         "{err}"
+    );
+
+    // Leases: every member's in mcs-hub-leases, each created with its member's roles. East
+    // renews its own and reads them all in one list, but writes no other.
+    mcs_kube::hub::publish::Publisher::new(
+        east.clone(),
+        &mcs_core::ClusterId::new("east").unwrap(),
+        "mcs-agent",
+    )
+    .renew_lease(Duration::from_secs(40))
+    .await
+    .expect("east renews its own Lease");
+    let leases: Api<Lease> = Api::namespaced(east.clone(), mcs_kube::hub::LEASE_NAMESPACE);
+    let mut names: Vec<_> = leases
+        .list(&ListParams::default())
+        .await
+        .expect("east lists every member's Lease")
+        .items
+        .into_iter()
+        .map(|l| l.metadata.name.unwrap_or_default())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["east", "west"]);
+    let named = |name: &str| Lease {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        spec: None,
+    };
+    forbidden(
+        leases.create(&PostParams::default(), &named("south")).await,
+        "east creating a Lease for another member",
+    );
+    forbidden(
+        leases.delete("west", &Default::default()).await,
+        "east deleting west's Lease",
+    );
+    forbidden(
+        leases
+            .patch(
+                "west",
+                &kube::api::PatchParams::apply("mcs-agent").force(),
+                &kube::api::Patch::Apply(&named("west")),
+            )
+            .await,
+        "east applying west's Lease",
     );
 
     // Records are read in one watch across the member namespaces (deploy/rbac/hub.yaml's
@@ -393,7 +440,7 @@ async fn a_hub_outage_removes_nothing_and_state_resyncs_when_it_is_back() {
 /// rest. The others neither stall nor call the hub down meanwhile; once the RoleBinding
 /// exists, the new member's records are imported.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_member_lease_the_others_may_not_read_holds_nobody_back() {
+async fn a_member_whose_hub_roles_are_not_applied_yet_holds_nobody_back() {
     use k8s_openapi::api::core::v1::Namespace;
     use kube::api::ObjectMeta;
     use mcs_core::ClusterId;
@@ -425,7 +472,8 @@ async fn a_member_lease_the_others_may_not_read_holds_nobody_back() {
             );
         }
     }
-    // The rest of south's hub RBAC, then its record (east's, with south's address) and Lease.
+    // The rest of south's hub roles (its Lease among them), then its record (east's, with
+    // south's address) and Lease.
     for obj in support::manifest_with("deploy/rbac/hub-member.yaml", &[("MEMBER_ID", "south")]) {
         support::apply(&admin, &obj).await;
     }

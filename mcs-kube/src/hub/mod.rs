@@ -10,18 +10,24 @@
 //!   exported labels and annotations, the Service fields that take part in the merge, and
 //!   the Service's endpoints. Every member merges the same records with the same
 //!   `mcs-core` merge, so every member computes the same imports.
-//! - In it, a `coordination.k8s.io/v1` Lease named `member`, renewed by the member's
-//!   agent. A member whose Lease has expired is treated as gone after the agent's grace
-//!   period: its endpoints leave every import, and come back when it renews.
+//! - One namespace for every member's Lease, `mcs-hub-leases` (as Kubernetes keeps node
+//!   Leases in `kube-node-lease`): a `coordination.k8s.io/v1` Lease named after the
+//!   member's cluster id, renewed by the member's agent. Each agent watches them all in one
+//!   watch. A member whose Lease has expired is treated as gone after the agent's grace
+//!   period: its endpoints leave every import, and come back when it renews. A member that
+//!   has never renewed its Lease is not judged by it (members of earlier versions renew
+//!   only the Lease `member` in their own namespace, which agents still renew too).
 //!
 //! # Who may do what
 //!
 //! A member's hub identity (user `mcs:member:<id>`, group `mcs:members`) may write only in
-//! its own namespace (records and Lease). It may list the member namespaces and read
-//! MemberExports in every namespace (a ClusterRole: each agent watches all members' records
-//! in one watch, so the hub's watches grow with the members, not with their square), and
-//! read the Lease of each member namespace (a RoleBinding in each). Nothing else: no other
-//! kind, no other namespace. It holds no credentials for any other member cluster.
+//! its own namespace (records and the earlier versions' Lease) and its own Lease in
+//! `mcs-hub-leases` (a Role naming that one Lease; the Lease is created with the member's
+//! roles, since a role cannot limit creating to one name). It may list the member
+//! namespaces, read MemberExports in every namespace (a ClusterRole: each agent watches all
+//! members' records in one watch, so the hub's watches grow with the members, not with
+//! their square) and read the Leases in `mcs-hub-leases`. Nothing else: no other kind, no
+//! other namespace. It holds no credentials for any other member cluster.
 //! `deploy/rbac/hub*.yaml` has the roles.
 //!
 //! # When to pick it
@@ -53,8 +59,19 @@ pub const LABEL_MEMBER: &str = "hub.mcs.dev/member";
 pub const LABEL_CLUSTER: &str = "hub.mcs.dev/cluster";
 /// The namespace of the service a record is about.
 pub const LABEL_SERVICE_NAMESPACE: &str = "hub.mcs.dev/service-namespace";
-/// The name of each member's Lease in its namespace.
+/// The namespace of every member's Lease on the hub, each named after its member's cluster
+/// id ([`lease_name`]).
+pub const LEASE_NAMESPACE: &str = "mcs-hub-leases";
+/// The name of the Lease in each member's own namespace that agents of earlier versions
+/// watch (one watch per member); agents still renew it beside the one in
+/// [`LEASE_NAMESPACE`], for members not upgraded yet.
 pub const LEASE_NAME: &str = "member";
+
+/// The name of a member's Lease in [`LEASE_NAMESPACE`]: its cluster id (a DNS label, so
+/// always a valid name).
+pub fn lease_name(cluster: &mcs_core::ClusterId) -> String {
+    cluster.as_str().to_owned()
+}
 
 /// The hub namespace of a member: `mcs-member-<cluster id>`, or, when that exceeds the 63
 /// characters of a namespace name, the id's first 43 characters and 8 hex digits of its

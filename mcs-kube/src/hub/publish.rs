@@ -1,4 +1,5 @@
-//! A member's writes to the hub: its records in its own namespace and its Lease there.
+//! A member's writes to the hub: its records in its own namespace and its Lease in
+//! [`LEASE_NAMESPACE`] (and, for agents of earlier versions, in its own namespace).
 //!
 //! The agent publishes through [`Publisher`]; so can anything else that speaks for a member
 //! with that member's hub identity (the scale bench's simulated members do).
@@ -12,7 +13,7 @@ use mcs_core::ClusterId;
 use mcs_core::name::ServiceRef;
 
 use super::record::{MemberExport, record_name};
-use super::{LEASE_NAME, member_namespace};
+use super::{LABEL_MEMBER, LEASE_NAME, LEASE_NAMESPACE, lease_name, member_namespace};
 
 /// A write to the hub that failed.
 #[derive(Debug, thiserror::Error)]
@@ -42,17 +43,18 @@ fn hint(e: &kube::Error) -> &'static str {
             " (is this member's namespace on the hub created? deploy/rbac/hub-member.yaml)"
         }
         kube::Error::Api(s) if s.code == 403 => {
-            " (the member's hub identity lacks a permission of deploy/rbac/hub-member.yaml)"
+            " (the member's hub identity lacks a permission of deploy/rbac/hub-member.yaml, or its Lease in mcs-hub-leases, which that file creates, is missing)"
         }
         _ => "",
     }
 }
 
-/// Writes one member's records and Lease into its namespace on the hub.
+/// Writes one member's records into its namespace on the hub, and renews its Lease.
 #[derive(Clone)]
 pub struct Publisher {
     records: Api<MemberExport>,
     leases: Api<Lease>,
+    legacy_leases: Api<Lease>,
     apply: PatchParams,
     namespace: String,
     cluster: ClusterId,
@@ -74,7 +76,8 @@ impl Publisher {
         let namespace = member_namespace(cluster);
         Self {
             records: Api::namespaced(hub.clone(), &namespace),
-            leases: Api::namespaced(hub, &namespace),
+            leases: Api::namespaced(hub.clone(), LEASE_NAMESPACE),
+            legacy_leases: Api::namespaced(hub, &namespace),
             apply: PatchParams::apply(field_manager).force(),
             namespace,
             cluster: cluster.clone(),
@@ -115,31 +118,55 @@ impl Publisher {
         }
     }
 
-    /// Renews the member's Lease, valid for `duration` from now.
+    /// Renews the member's Lease in [`LEASE_NAMESPACE`], valid for `duration` from now,
+    /// then the one in its own namespace that agents of earlier versions watch. Only the
+    /// first one's failure is an error: the second is logged.
     pub async fn renew_lease(&self, duration: Duration) -> Result<(), PublishError> {
         let seconds = i32::try_from(duration.as_secs().max(1)).unwrap_or(i32::MAX);
+        let spec = LeaseSpec {
+            holder_identity: Some(self.cluster.to_string()),
+            lease_duration_seconds: Some(seconds),
+            renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
+            ..Default::default()
+        };
+        let name = lease_name(&self.cluster);
         let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: Some(LEASE_NAMESPACE.to_owned()),
+                labels: Some([(LABEL_MEMBER.to_owned(), self.cluster.to_string())].into()),
+                ..Default::default()
+            },
+            spec: Some(spec.clone()),
+        };
+        self.leases
+            .patch(&name, &self.apply, &Patch::Apply(&lease))
+            .await
+            .map_err(|source| PublishError {
+                action: "renew",
+                object: format!("Lease {LEASE_NAMESPACE}/{name}"),
+                source,
+            })?;
+        let legacy = Lease {
             metadata: ObjectMeta {
                 name: Some(LEASE_NAME.to_owned()),
                 namespace: Some(self.namespace.clone()),
                 ..Default::default()
             },
-            spec: Some(LeaseSpec {
-                holder_identity: Some(self.cluster.to_string()),
-                lease_duration_seconds: Some(seconds),
-                renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
-                ..Default::default()
-            }),
+            spec: Some(spec),
         };
-        self.leases
-            .patch(LEASE_NAME, &self.apply, &Patch::Apply(&lease))
+        if let Err(e) = self
+            .legacy_leases
+            .patch(LEASE_NAME, &self.apply, &Patch::Apply(&legacy))
             .await
-            .map(|_| ())
-            .map_err(|source| PublishError {
-                action: "renew",
-                object: format!("Lease {}/{LEASE_NAME}", self.namespace),
-                source,
-            })
+        {
+            tracing::debug!(
+                namespace = self.namespace,
+                error = %describe(&e),
+                "cannot renew the Lease agents of earlier versions watch"
+            );
+        }
+        Ok(())
     }
 
     fn error(&self, action: &'static str, name: &str, source: kube::Error) -> PublishError {

@@ -167,26 +167,13 @@ pub(crate) async fn forward<K, F>(
 ) where
     F: Fn(Event<K>) -> Fact,
 {
-    forward_with(stream, tx, |_| origin.clone(), kind, wrap).await;
-}
-
-/// [`forward`] with the origin of an error chosen by whether it was a refusal (403).
-pub(crate) async fn forward_with<K, F>(
-    stream: impl Stream<Item = Result<Event<K>, watcher::Error>>,
-    tx: Tx,
-    error_origin: impl Fn(bool) -> Origin,
-    kind: &'static str,
-    wrap: F,
-) where
-    F: Fn(Event<K>) -> Fact,
-{
     let mut stream = std::pin::pin!(stream);
     while let Some(event) = stream.next().await {
         let fact = match event {
             Ok(event) => wrap(event),
             Err(e) => {
                 let (error, forbidden) = describe_watch_error(&e);
-                Fact::WatchError(error_origin(forbidden), kind, error, forbidden)
+                Fact::WatchError(origin.clone(), kind, error, forbidden)
             }
         };
         if tx.send(fact).await.is_err() {

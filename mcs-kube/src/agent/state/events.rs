@@ -12,7 +12,7 @@ use mcs_core::name::ServiceRef;
 use super::super::health::LeaseSeen;
 use super::super::index::{Seen, Touched, key_of};
 use super::super::source::{KIND_SERVICE, KIND_SLICE, Origin};
-use super::{MemberState, Mode, State, is_terminating};
+use super::{MemberState, State, is_terminating};
 use crate::hub::record::MemberExport;
 
 impl State {
@@ -169,6 +169,9 @@ impl State {
         touched
     }
 
+    /// One event of member `id`'s Lease. A member is judged by its Lease from its first
+    /// renewal on: a member without one (not renewed yet, or of an earlier version, which
+    /// renews only the Lease in its own namespace) is not judged by it.
     pub(super) fn lease_event(
         &mut self,
         id: &ClusterId,
@@ -179,40 +182,40 @@ impl State {
             .members
             .entry(id.clone())
             .or_insert_with(MemberState::new);
-        let seen = |lease: &k8s_openapi::api::coordination::v1::Lease,
-                    previous: Option<&LeaseSeen>| {
-            let spec = lease.spec.as_ref();
-            let renew = spec
-                .and_then(|s| s.renew_time.as_ref())
-                .map(|t| t.0.to_string());
-            let duration = spec
-                .and_then(|s| s.lease_duration_seconds)
-                .map_or(Duration::from_secs(40), |s| {
-                    Duration::from_secs(s.max(1) as u64)
-                });
-            LeaseSeen::update(previous, renew, duration, now)
+        let expired = LeaseSeen {
+            renew_time: None,
+            seen_at: now,
+            duration: Duration::ZERO,
         };
         match e {
             Event::Apply(lease) | Event::InitApply(lease) => {
-                m.health.lease = Some(seen(&lease, m.health.lease.as_ref()));
+                m.lease_in_list = true;
+                let spec = lease.spec.as_ref();
+                // Created with the member's roles, never renewed: nothing to judge yet.
+                let Some(renew) = spec.and_then(|s| s.renew_time.as_ref()) else {
+                    return;
+                };
+                let duration = spec
+                    .and_then(|s| s.lease_duration_seconds)
+                    .map_or(Duration::from_secs(40), |s| {
+                        Duration::from_secs(s.max(1) as u64)
+                    });
+                m.health.lease = Some(LeaseSeen::update(
+                    m.health.lease.as_ref(),
+                    Some(renew.0.to_string()),
+                    duration,
+                    now,
+                ));
             }
             // A deleted Lease is an expired one.
-            Event::Delete(_) => {
-                m.health.lease = Some(LeaseSeen {
-                    renew_time: None,
-                    seen_at: now,
-                    duration: Duration::ZERO,
-                });
-            }
-            Event::Init => {}
+            Event::Delete(_) => m.health.lease = Some(expired),
+            Event::Init => m.lease_in_list = false,
             Event::InitDone => {
                 m.lease_listed = true;
-                // A member that never wrote a Lease counts from now.
-                m.health.lease.get_or_insert(LeaseSeen {
-                    renew_time: None,
-                    seen_at: now,
-                    duration: Duration::from_secs(40),
-                });
+                // A re-list without the Lease seen before: deleted meanwhile.
+                if !m.lease_in_list && m.health.lease.is_some() {
+                    m.health.lease = Some(expired);
+                }
             }
         }
     }
@@ -244,23 +247,12 @@ impl State {
                 !was_down
             }
             Origin::Member(id) => {
-                let hub_mode = self.settings.mode == Mode::Hub;
-                let m = match self.members.get_mut(&id) {
-                    Some(m) => m,
-                    // Hub: a member whose Lease the hub refuses to show.
-                    None if hub_mode => self
-                        .members
-                        .entry(id.clone())
-                        .or_insert_with(MemberState::new),
-                    None => return false,
+                let Some(m) = self.members.get_mut(&id) else {
+                    return false;
                 };
                 let known = m.health.watch_errors.contains_key(kind);
                 if forbidden && !known {
-                    if hub_mode {
-                        tracing::warn!(cluster = %id, kind, error, "the hub refuses to show this member's Lease (403): its reader RoleBinding (deploy/rbac/hub-member.yaml) is missing, or not applied yet; the member counts as failing until it is");
-                    } else {
-                        tracing::error!(cluster = %id, kind, error, "watch forbidden (403): the identity used for this cluster lacks a permission (deploy/rbac/agent-local.yaml in the agent's own cluster, agent-peer-reader.yaml in a peer)");
-                    }
+                    tracing::error!(cluster = %id, kind, error, "watch forbidden (403): the identity used for this cluster lacks a permission (deploy/rbac/agent-local.yaml in the agent's own cluster, agent-peer-reader.yaml in a peer)");
                 }
                 m.health
                     .watch_errors

@@ -19,7 +19,7 @@ use super::desired::{LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY, MANAGED_BY};
 use super::health::{self, HubHealth, MemberHealth, Verdict};
 use super::index::{Relist, Store, Touched, labelled_service, own_service};
 use super::reconcile::{ClusterProperties, Observed, Publication, ServiceInputs};
-use super::source::{Fact, KIND_LEASE, KIND_PROPERTY, KIND_RECORD, Origin};
+use super::source::{Fact, KIND_PROPERTY, Origin};
 use crate::hub::record::MemberExport;
 
 mod events;
@@ -69,6 +69,8 @@ pub(crate) struct MemberState {
     records_listing: Relist<MemberExport>,
     /// Hub: whether its Lease watch has listed.
     lease_listed: bool,
+    /// Hub: whether the Lease watch's list in progress (or last one) showed its Lease.
+    lease_in_list: bool,
 }
 
 impl MemberState {
@@ -81,6 +83,7 @@ impl MemberState {
             properties: properties::MemberProperties::default(),
             records_listing: Relist::default(),
             lease_listed: false,
+            lease_in_list: false,
         }
     }
 
@@ -188,13 +191,6 @@ impl State {
             Some((Origin::Hub, kind)) => self.hub_ok(kind, now, &mut changes),
             Some((Origin::Member(id), kind)) => self.member_watch_ok(&id, kind, &mut changes),
             None => {}
-        }
-        // A member's watches on the hub: a refusal (403) of them was the member's (see
-        // `source::hub`), so an event also clears that.
-        match &fact {
-            Fact::Record(id, _) => self.member_watch_ok(id, KIND_RECORD, &mut changes),
-            Fact::Lease(id, _) => self.member_watch_ok(id, KIND_LEASE, &mut changes),
-            _ => {}
         }
         match fact {
             Fact::Export(id, e) => {
@@ -336,11 +332,10 @@ impl State {
             return;
         }
         tracing::info!("hub reachable again");
-        // No renewal could be seen while the hub was down, and the Lease watches of the
-        // members (one each, one error kind for all) list again one by one: each member's
-        // Lease counts from now, as if just renewed, so that none is removed for a renewal
-        // its watch has not shown yet (the node lifecycle controller does the same with node
-        // Leases after a disruption).
+        // No renewal could be seen while the hub was down, and the Lease watch may not have
+        // listed again yet: each member's Lease counts from now, as if just renewed, so that
+        // none is removed for a renewal the watch has not shown yet (the node lifecycle
+        // controller does the same with node Leases after a disruption).
         for m in self.members.values_mut() {
             if let Some(lease) = &mut m.health.lease {
                 lease.seen_at = now;

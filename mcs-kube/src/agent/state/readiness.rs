@@ -29,16 +29,7 @@ impl State {
                     Mode::Hub if *id == self.settings.local => {
                         m.exports.is_listed() && self.awaited().is_empty()
                     }
-                    // A member whose Lease the hub refuses to show (its reader RoleBinding
-                    // is missing) holds nobody back: it is removed after the grace period
-                    // like any failing member.
-                    Mode::Hub => {
-                        (m.exports.is_listed() && m.lease_listed)
-                            || m.health
-                                .watch_errors
-                                .values()
-                                .any(|(_, forbidden)| *forbidden)
-                    }
+                    Mode::Hub => m.exports.is_listed() && m.lease_listed,
                 }
         });
         let hub = match self.settings.mode {

@@ -2,7 +2,7 @@
 //! touches, when it counts as synced and what it says it waits for, when a member loses and
 //! regains its endpoints. The agent's integration tests run the same code against real API
 //! servers; these reach the branches those rarely do (a re-list dropping a record, a
-//! Lease expiring while the hub is down, a refused member namespace).
+//! Lease expiring while the hub is down, a member that never renewed its Lease).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -19,9 +19,7 @@ use mcs_core::name::ServiceRef;
 use super::super::desired::LABEL_K8S_SERVICE_NAME;
 use super::super::index::Touched;
 use super::super::reconcile::Publication;
-use super::super::source::{
-    Fact, KIND_EXPORT, KIND_LEASE, KIND_RECORD, KIND_SERVICE, KIND_SLICE, Origin,
-};
+use super::super::source::{Fact, KIND_EXPORT, KIND_LEASE, KIND_SERVICE, KIND_SLICE, Origin};
 use super::properties::property as cluster_property;
 use super::{Mode, Settings, State};
 use crate::hub::LABEL_MEMBER;
@@ -545,48 +543,97 @@ fn hub_while_the_hub_is_down_leases_do_not_count_and_imports_are_kept() {
 }
 
 #[test]
-fn hub_a_member_lease_refused_holds_nobody_back_and_one_failing_does() {
-    let now = Instant::now();
-    let mut s = hub_state(vec![], now);
+fn hub_a_member_is_judged_by_its_lease_from_its_first_renewal_on() {
+    let t0 = Instant::now();
+    let mut s = hub_state(vec![], t0);
     let members = |name: &str| namespace(&format!("mcs-member-{name}"), &[(LABEL_MEMBER, name)]);
-    feed(&mut s, [Fact::Members(Event::Apply(members("west")))], now);
-    assert!(!s.synced(), "west's records have not listed");
-    let reason = not_ready(&s, now).unwrap();
+    let west = |e| Fact::Lease(id("west"), e);
+    feed(&mut s, [Fact::Members(Event::Apply(members("west")))], t0);
+    feed(
+        &mut s,
+        listed(vec![])
+            .into_iter()
+            .map(|e| Fact::Record(id("west"), e)),
+        t0,
+    );
+    assert!(!s.synced(), "west's Lease has not listed");
+    let reason = not_ready(&s, t0).unwrap();
     assert!(
-        reason.contains(&format!("{KIND_RECORD} of west")),
+        reason.contains(&format!("{KIND_LEASE} of west")),
         "{reason}"
     );
-
-    // Its Lease refused (its reader RoleBinding missing): synced without it.
-    let refused = |forbidden| {
-        Fact::WatchError(
-            Origin::Member(id("west")),
-            KIND_LEASE,
-            "forbidden".into(),
-            forbidden,
-        )
+    // Listed without a Lease (west runs an earlier version, or has not started): synced,
+    // and never judged by a Lease it does not renew.
+    feed(&mut s, listed(vec![]).into_iter().map(west), t0);
+    assert!(s.synced(), "{:?}", not_ready(&s, t0));
+    let late = t0 + Duration::from_secs(600);
+    assert!(s.member_reachability(late)[&id("west")]);
+    // The Lease its roles created, not renewed yet: the same.
+    let created = Lease {
+        spec: None,
+        ..lease("2026-12-01T10:00:00Z", 15)
     };
-    feed(&mut s, [refused(true)], now);
-    assert!(s.synced());
-    // A member that merely fails (a timeout) is still waited for.
-    let mut s = hub_state(vec![], now);
-    feed(&mut s, [Fact::Members(Event::Apply(members("west")))], now);
-    feed(&mut s, [refused(false)], now);
+    feed(&mut s, [west(Event::Apply(created))], late);
+    assert!(s.member_reachability(late + Duration::from_secs(600))[&id("west")]);
+    // Renewed once: judged from then on.
+    feed(
+        &mut s,
+        [west(Event::Apply(lease("2026-12-01T10:10:00Z", 15)))],
+        late,
+    );
+    let expiry = late + Duration::from_secs(15);
+    assert!(s.member_reachability(expiry - Duration::from_millis(1))[&id("west")]);
+    assert!(!s.member_reachability(expiry)[&id("west")]);
+
+    // A re-list without the Lease seen before: deleted meanwhile, so expired.
+    let mut s = hub_state(vec![record("east", "hello", "10.1.0.5")], t0);
+    assert!(s.member_reachability(t0)[&id("east")]);
+    feed(
+        &mut s,
+        listed(vec![])
+            .into_iter()
+            .map(|e| Fact::Lease(id("east"), e)),
+        t0,
+    );
+    assert!(!s.member_reachability(t0)[&id("east")]);
+
+    // The Lease watch failing holds every member back until it lists again.
+    let mut s = hub_state(vec![], t0);
+    feed(&mut s, [Fact::Members(Event::Apply(members("west")))], t0);
+    feed(
+        &mut s,
+        listed(vec![])
+            .into_iter()
+            .map(|e| Fact::Record(id("west"), e)),
+        t0,
+    );
+    feed(
+        &mut s,
+        [Fact::WatchError(
+            Origin::Hub,
+            KIND_LEASE,
+            "timeout".into(),
+            false,
+        )],
+        t0,
+    );
     assert!(!s.synced());
+    let reason = not_ready(&s, t0).unwrap();
+    assert!(reason.contains("timeout"), "{reason}");
 
     // The member namespace goes: so does the member, and what it exported.
-    let mut s = hub_state(vec![record("east", "hello", "10.1.0.5")], now);
+    let mut s = hub_state(vec![record("east", "hello", "10.1.0.5")], t0);
     let touched = feed(
         &mut s,
         [Fact::Members(Event::Delete(namespace(
             "mcs-member-east",
             &[(LABEL_MEMBER, "east")],
         )))],
-        now,
+        t0,
     );
     assert_eq!(touched, [svc("hello")]);
     assert!(!s.members.contains_key(&id("east")));
-    assert!(sources(&s, &svc("hello"), now).is_empty());
+    assert!(sources(&s, &svc("hello"), t0).is_empty());
 }
 
 #[test]

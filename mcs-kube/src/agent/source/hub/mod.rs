@@ -1,8 +1,8 @@
 //! The hub topology's sources: which members there are (their namespaces on the hub), the
-//! other members' records (one watch across their namespaces) and each one's Lease, and the
-//! agent's own records.
+//! other members' records (one watch across their namespaces) and Leases (one watch of
+//! their namespace), and the agent's own records.
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -11,14 +11,11 @@ use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use mcs_core::ClusterId;
-use tokio::task::AbortHandle;
 
-use super::{
-    Fact, KIND_LEASE, KIND_MEMBERS, KIND_OWN_RECORD, KIND_RECORD, Origin, Tx, forward, forward_with,
-};
+use super::{Fact, KIND_LEASE, KIND_MEMBERS, KIND_OWN_RECORD, KIND_RECORD, Origin, Tx, forward};
 use crate::agent::index::Relist;
 use crate::hub::record::MemberExport;
-use crate::hub::{LABEL_CLUSTER, LABEL_MEMBER, LEASE_NAME, member_namespace};
+use crate::hub::{LABEL_CLUSTER, LABEL_MEMBER, LEASE_NAMESPACE, member_namespace};
 
 mod per_member;
 
@@ -38,8 +35,8 @@ fn hub_backoff() -> watcher::ExponentialBackoff {
 }
 
 /// Watches the hub: member namespaces; every other member's records, in one watch across
-/// the member namespaces; each other member's Lease (started and stopped as members come
-/// and go); the agent's own records.
+/// the member namespaces; their Leases, in one watch of [`LEASE_NAMESPACE`]; the agent's
+/// own records. Four watches, however many members there are.
 pub(crate) fn spawn(
     tasks: &mut tokio::task::JoinSet<()>,
     tx: &Tx,
@@ -77,12 +74,19 @@ pub(crate) fn spawn(
             watcher::Config::default().labels(&format!("{LABEL_CLUSTER}!={local}")),
         )
         .backoff(hub_backoff());
+        // Every member's Lease, each named after its member.
+        let leases = super::lean_watcher(
+            Api::<Lease>::namespaced(hub.clone(), LEASE_NAMESPACE),
+            watcher::Config::default(),
+        )
+        .backoff(hub_backoff());
         let mut namespaces = std::pin::pin!(namespaces);
         let mut records = std::pin::pin!(records);
-        let mut by_member: PerMember<MemberExport> = PerMember::new(&local);
-        let mut watched: BTreeMap<ClusterId, AbortHandle> = BTreeMap::new();
+        let mut leases = std::pin::pin!(leases);
+        let mut records_of: PerMember<MemberExport> = PerMember::by_namespace(&local);
+        let mut lease_of: PerMember<Lease> = PerMember::by_name(&local);
+        let mut known: BTreeSet<ClusterId> = BTreeSet::new();
         let mut listing: Relist<ClusterId> = Relist::default();
-        let mut children = tokio::task::JoinSet::new();
         loop {
             let facts = tokio::select! {
                 Some(event) = namespaces.next() => {
@@ -104,7 +108,7 @@ pub(crate) fn spawn(
                         Event::Delete(ns) => stop.extend(member_of(ns)),
                         Event::Init | Event::InitApply(_) | Event::InitDone => {
                             if let Some(listed) = listing.note(&event, member_of) {
-                                stop.extend(watched.keys().filter(|m| !listed.contains(m)).cloned());
+                                stop.extend(known.iter().filter(|m| !listed.contains(m)).cloned());
                                 start.extend(listed);
                             }
                         }
@@ -112,28 +116,42 @@ pub(crate) fn spawn(
                     // Members first learn of each other's namespaces, then of their records.
                     let mut facts = vec![Fact::Members(event)];
                     for member in stop {
-                        by_member.remove(&member);
-                        if let Some(handle) = watched.remove(&member) {
-                            handle.abort();
-                        }
+                        records_of.remove(&member);
+                        lease_of.remove(&member);
+                        known.remove(&member);
                     }
                     for member in start {
-                        if member == local || watched.contains_key(&member) {
+                        if member == local || !known.insert(member.clone()) {
                             continue;
                         }
                         facts.extend(
-                            by_member
+                            records_of
                                 .add(&member)
                                 .into_iter()
                                 .map(|(id, e)| Fact::Record(id, e)),
                         );
-                        let handle = watch_lease(&mut children, &tx, &hub, &member);
-                        watched.insert(member, handle);
+                        facts.extend(
+                            lease_of
+                                .add(&member)
+                                .into_iter()
+                                .map(|(id, e)| Fact::Lease(id, e)),
+                        );
                     }
                     facts
                 }
+                Some(event) = leases.next() => match event {
+                    Ok(event) => lease_of
+                        .event(event)
+                        .into_iter()
+                        .map(|(id, e)| Fact::Lease(id, e))
+                        .collect(),
+                    Err(e) => {
+                        let (error, forbidden) = super::describe_watch_error(&e);
+                        vec![Fact::WatchError(Origin::Hub, KIND_LEASE, error, forbidden)]
+                    }
+                },
                 Some(event) = records.next() => match event {
-                    Ok(event) => by_member
+                    Ok(event) => records_of
                         .event(event)
                         .into_iter()
                         .map(|(id, e)| Fact::Record(id, e))
@@ -162,40 +180,6 @@ pub(crate) fn member_of(ns: &Namespace) -> Option<ClusterId> {
         Err(e) => {
             tracing::warn!(namespace = ns.metadata.name.as_deref().unwrap_or(""), error = %e, "hub namespace labelled with an invalid cluster id; ignored");
             None
-        }
-    }
-}
-
-/// Starts the watch of one member's Lease.
-fn watch_lease(
-    children: &mut tokio::task::JoinSet<()>,
-    tx: &Tx,
-    hub: &kube::Client,
-    member: &ClusterId,
-) -> AbortHandle {
-    let leases = Api::<Lease>::namespaced(hub.clone(), &member_namespace(member));
-    let (tx, member) = (tx.clone(), member.clone());
-    children.spawn(async move {
-        let config = watcher::Config::default().fields(&format!("metadata.name={LEASE_NAME}"));
-        let stream = super::lean_watcher(leases, config).backoff(hub_backoff());
-        let errors = member_errors(member.clone());
-        forward_with(stream, tx, errors, KIND_LEASE, move |e| {
-            Fact::Lease(member.clone(), e)
-        })
-        .await;
-    })
-}
-
-/// Where an error of the watch of `member`'s Lease on the hub belongs. A refusal (403) is
-/// that member's problem, not the hub's: its namespace exists but the member's reader
-/// RoleBinding does not (yet: `deploy/rbac/hub-member.yaml` creates the namespace first),
-/// so it counts as a failing member. Other errors mean the hub is not answering.
-fn member_errors(member: ClusterId) -> impl Fn(bool) -> Origin {
-    move |forbidden| {
-        if forbidden {
-            Origin::Member(member.clone())
-        } else {
-            Origin::Hub
         }
     }
 }

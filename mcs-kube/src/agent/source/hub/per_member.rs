@@ -1,10 +1,11 @@
-//! One watch of a kind across every member namespace on the hub, split into the events each
-//! member's namespace would have had if it were watched alone.
+//! One watch of a kind on the hub, split into the events each member's own watch would
+//! have had: records across every member namespace, or every member's Lease in one
+//! namespace.
 //!
-//! The hub serves each agent one watch of all members' records instead of one per member,
-//! so the watches the hub holds grow as N (agents) rather than N² (agents times members).
-//! The agent's state still keeps each member's records apart and waits for each member's
-//! list; [`PerMember`] gives it exactly that, from the one stream.
+//! The hub serves each agent one watch of all members' records and one of their Leases
+//! instead of one per member, so the watches the hub holds grow as N (agents) rather than
+//! N² (agents times members). The agent's state still keeps each member's objects apart and
+//! waits for each member's list; [`PerMember`] gives it exactly that, from the one stream.
 
 use std::collections::BTreeMap;
 
@@ -13,44 +14,86 @@ use kube::runtime::watcher::Event;
 use mcs_core::ClusterId;
 
 use crate::agent::index::{Relist, Seen, key_of};
-use crate::hub::member_namespace;
+use crate::hub::{lease_name, member_namespace};
 
-/// Splits one watch's events by member, the member being the one whose namespace
-/// (`mcs-member-<id>`, see [`member_namespace`]) holds the object. Only a member may write
-/// in its namespace, so the namespace, not anything the object says of itself, names it.
+/// Splits one watch's events by member: each object belongs to the member whose group holds
+/// it, and only that member may write in its group, so the group, not anything the object
+/// says of itself, names the member.
 pub(crate) struct PerMember<K> {
-    /// The namespaces of the members known (from the member namespaces' own watch).
+    /// What an object's group is.
+    by: By,
+    /// The groups of the members known (from the member namespaces' own watch).
     members: BTreeMap<String, ClusterId>,
-    /// Objects in namespaces of no known member, by namespace and name. There is no order
-    /// between two watches: a member's records may arrive before its namespace does.
+    /// Objects in groups of no known member, by group and name. There is no order between
+    /// two watches: a member's records may arrive before its namespace does.
     orphans: BTreeMap<String, BTreeMap<String, K>>,
     /// The list in progress.
     listing: Relist<K>,
     /// Whether a list has completed: a member known after it gets its list at once.
     listed: bool,
-    /// The agent's own namespace, watched apart: its objects are dropped here.
+    /// The agent's own group, watched apart or not at all: its objects are dropped here.
     own: String,
+}
+
+/// Which group of objects is a member's.
+#[derive(Clone, Copy)]
+enum By {
+    /// Its namespace, `mcs-member-<id>` (see [`member_namespace`]): its records.
+    Namespace,
+    /// The object's name, [`lease_name`] (all in one namespace): its Lease.
+    Name,
 }
 
 /// One member's event.
 pub(crate) type MemberEvent<K> = (ClusterId, Event<K>);
 
 impl<K: Resource> PerMember<K> {
-    /// For the agent of cluster `local`.
-    pub(crate) fn new(local: &ClusterId) -> Self {
-        Self {
+    /// For the agent of cluster `local`: objects grouped by namespace, each member's in its
+    /// own (records).
+    pub(crate) fn by_namespace(local: &ClusterId) -> Self {
+        Self::new(By::Namespace, local)
+    }
+
+    /// For the agent of cluster `local`: objects of one namespace, each member's named
+    /// after it (Leases).
+    pub(crate) fn by_name(local: &ClusterId) -> Self {
+        Self::new(By::Name, local)
+    }
+
+    fn new(by: By, local: &ClusterId) -> Self {
+        let mut split = Self {
+            by,
             members: BTreeMap::new(),
             orphans: BTreeMap::new(),
             listing: Relist::default(),
             listed: false,
-            own: member_namespace(local),
+            own: String::new(),
+        };
+        split.own = split.group_of(local);
+        split
+    }
+
+    /// Member `id`'s group.
+    fn group_of(&self, id: &ClusterId) -> String {
+        match self.by {
+            By::Namespace => member_namespace(id),
+            By::Name => lease_name(id),
+        }
+    }
+
+    /// An object's group and name.
+    fn key(&self, obj: &K) -> (String, String) {
+        let (ns, name) = key_of(obj);
+        match self.by {
+            By::Namespace => (ns, name),
+            By::Name => (name.clone(), name),
         }
     }
 
     /// Member `id` is known from now on. Once the watch has listed, it gets its list at
-    /// once: what has arrived for its namespace so far (possibly nothing).
+    /// once: what has arrived for its group so far (possibly nothing).
     pub(crate) fn add(&mut self, id: &ClusterId) -> Vec<MemberEvent<K>> {
-        let ns = member_namespace(id);
+        let ns = self.group_of(id);
         if ns == self.own || self.members.contains_key(&ns) {
             return Vec::new();
         }
@@ -63,18 +106,18 @@ impl<K: Resource> PerMember<K> {
         list_of(id, objects.into_values())
     }
 
-    /// Member `id` is gone: what arrives for its namespace is kept aside again (the state
-    /// forgets the member's records when its namespace goes).
+    /// Member `id` is gone: what arrives for its group is kept aside again (the state
+    /// forgets the member when its namespace goes).
     pub(crate) fn remove(&mut self, id: &ClusterId) {
-        self.members.remove(&member_namespace(id));
+        self.members.remove(&self.group_of(id));
     }
 
-    /// One event of the watch across the member namespaces, as per-member events.
+    /// One event of the watch, as per-member events.
     pub(crate) fn event(&mut self, event: Event<K>) -> Vec<MemberEvent<K>> {
         match self.listing.take(event) {
             Seen::Listing => Vec::new(),
             Seen::Apply(obj) => {
-                let (ns, name) = key_of(&obj);
+                let (ns, name) = self.key(&obj);
                 match self.members.get(&ns) {
                     Some(id) => vec![(id.clone(), Event::Apply(obj))],
                     None if ns == self.own => Vec::new(),
@@ -85,7 +128,7 @@ impl<K: Resource> PerMember<K> {
                 }
             }
             Seen::Delete(obj) => {
-                let (ns, name) = key_of(&obj);
+                let (ns, name) = self.key(&obj);
                 match self.members.get(&ns) {
                     Some(id) => vec![(id.clone(), Event::Delete(obj))],
                     None => {
@@ -109,7 +152,7 @@ impl<K: Resource> PerMember<K> {
                     .map(|ns| (ns.clone(), BTreeMap::new()))
                     .collect();
                 for obj in list {
-                    let (ns, name) = key_of(&obj);
+                    let (ns, name) = self.key(&obj);
                     if ns != self.own {
                         groups.entry(ns).or_default().insert(name, obj);
                     }
@@ -194,7 +237,7 @@ mod tests {
 
     #[test]
     fn a_list_is_split_into_one_list_per_known_member_empty_ones_included() {
-        let mut split = PerMember::new(&id("east"));
+        let mut split = PerMember::by_namespace(&id("east"));
         assert!(split.add(&id("west")).is_empty(), "nothing before the list");
         assert!(split.add(&id("north")).is_empty());
         let events = list(
@@ -236,7 +279,7 @@ mod tests {
 
     #[test]
     fn a_member_known_after_its_objects_gets_them_as_its_list() {
-        let mut split = PerMember::new(&id("east"));
+        let mut split = PerMember::by_namespace(&id("east"));
         // South's objects arrive before its namespace: in the list, then as changes.
         list(&mut split, vec![obj("mcs-member-south", "a")]);
         assert!(
@@ -272,7 +315,7 @@ mod tests {
 
     #[test]
     fn a_removed_member_is_forgotten_and_a_relist_replaces_what_was_kept_aside() {
-        let mut split = PerMember::new(&id("east"));
+        let mut split = PerMember::by_namespace(&id("east"));
         split.add(&id("west"));
         list(&mut split, vec![obj("mcs-member-west", "a")]);
         split.remove(&id("west"));
@@ -304,12 +347,53 @@ mod tests {
     fn a_member_whose_id_is_long_is_found_by_its_hashed_namespace() {
         let long = id(&"a".repeat(63));
         let ns = crate::hub::member_namespace(&long);
-        let mut split = PerMember::new(&id("east"));
+        let mut split = PerMember::by_namespace(&id("east"));
         split.add(&long);
         let events = split.event(Event::Init);
         assert!(events.is_empty());
         split.event(Event::InitApply(obj(&ns, "r")));
         let events = show(split.event(Event::InitDone));
         assert_eq!(events[1], format!("{long} InitApply {ns}/r"));
+    }
+
+    #[test]
+    fn leases_in_one_namespace_go_to_the_member_they_are_named_after() {
+        let mut split = PerMember::by_name(&id("east"));
+        split.add(&id("west"));
+        let events = list(
+            &mut split,
+            vec![
+                obj("mcs-hub-leases", "west"),
+                obj("mcs-hub-leases", "east"),
+                obj("mcs-hub-leases", "south"),
+            ],
+        );
+        assert_eq!(
+            events,
+            [
+                "west Init",
+                "west InitApply mcs-hub-leases/west",
+                "west InitDone"
+            ]
+        );
+        assert_eq!(
+            show(split.event(Event::Apply(obj("mcs-hub-leases", "west")))),
+            ["west Apply mcs-hub-leases/west"]
+        );
+        assert!(
+            split
+                .event(Event::Apply(obj("mcs-hub-leases", "east")))
+                .is_empty(),
+            "the agent's own Lease is nobody's here"
+        );
+        assert_eq!(
+            show(split.add(&id("south"))),
+            [
+                "south Init",
+                "south InitApply mcs-hub-leases/south",
+                "south InitDone"
+            ]
+        );
+        assert!(split.add(&id("east")).is_empty());
     }
 }
