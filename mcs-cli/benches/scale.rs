@@ -11,8 +11,12 @@
 //! `MCS_SCALE_SERVICES` (100) services of `MCS_SCALE_ENDPOINTS` (10) endpoints. The set
 //! then grows to each of `MCS_SCALE_SIZES` (3,10,30,100) clusters with simulated members:
 //! each publishes its 100 records and renews its Lease through the agent's own publishing
-//! code ([`mcs_kube::hub::publish::Publisher`]) with its own hub identity. At every size,
-//! once east, west and north each import every service from every member:
+//! code ([`mcs_kube::hub::publish::Publisher`]) with its own hub identity, and watches the
+//! hub as an agent does, through the agent's own hub sources
+//! ([`mcs_kube::agent::load::watch_hub`]: its watches and their split per member, without
+//! the merge and the writes into a cluster; `MCS_SCALE_SIM_WATCH=0`: publishing only). At
+//! every size, once east, west and north each import every service from every member and
+//! every simulated member holds every other member's records:
 //!
 //! - **export→import**: `MCS_SCALE_PROBES` (20) times, a new service exported in `east`
 //!   until `west`'s ServiceImport lists east and west holds east's imported EndpointSlice
@@ -23,7 +27,7 @@
 //!   and the CPU the hub's processes used while the set grew to that size and over
 //!   `MCS_SCALE_IDLE_SECONDS` (20) of steady state (Lease renewals only);
 //! - the watches open on the hub, from its own metrics (`apiserver_longrunning_requests`
-//!   with `verb="WATCH"`): the three agents' (the simulated members do not watch).
+//!   with `verb="WATCH"`): the three agents' and the simulated members'.
 //!
 //! **Mesh.** The same exports and probes with every agent reading every member directly,
 //! at each of `MCS_SCALE_MESH` (3,6) real clusters.
@@ -63,6 +67,7 @@ use mcs_core::api::{
 };
 use mcs_core::name::ServiceRef;
 use mcs_kube::agent::desired::LABEL_K8S_SERVICE_NAME;
+use mcs_kube::agent::load::{HubWatcher, watch_hub};
 use mcs_kube::hub::publish::Publisher;
 use mcs_kube::hub::record::MemberExport;
 use support::{ClusterOptions, TestCluster};
@@ -105,6 +110,8 @@ struct Config {
     probes: usize,
     unexported: usize,
     idle: Duration,
+    /// Whether the simulated members watch the hub.
+    sim_watch: bool,
     /// The agent binaries to run, each with its label ("" for this build's alone).
     agents: Vec<(String, PathBuf)>,
 }
@@ -119,6 +126,7 @@ impl Config {
             probes: env_num("MCS_SCALE_PROBES", 20),
             unexported: env_num("MCS_SCALE_UNEXPORTED", 10_000),
             idle: Duration::from_secs(env_num("MCS_SCALE_IDLE_SECONDS", 20) as u64),
+            sim_watch: env_num("MCS_SCALE_SIM_WATCH", 1) != 0,
             agents: match std::env::var("MCS_SCALE_AGENTS") {
                 Ok(list) if !list.trim().is_empty() => list
                     .split(',')
@@ -563,19 +571,20 @@ async fn add_member(hub_admin: &Client, id: &str) {
     }
 }
 
-/// A simulated member: publishes what a real one would, with its own hub identity.
+/// A simulated member: publishes what a real one would, with its own hub identity, and
+/// watches the hub as a real one's agent does (with `cfg.sim_watch`).
 async fn simulated_member(
     hub: &TestCluster,
     hub_admin: &Client,
     member: usize,
     cfg: &Config,
-) -> Publisher {
+) -> (Publisher, Option<HubWatcher>) {
     let id = ClusterId::new(format!("sim-{member:03}")).unwrap();
     add_member(hub_admin, id.as_str()).await;
     let client = hub
         .client_as_user(&format!("mcs:member:{id}"), &["mcs:members"])
         .await;
-    let publisher = Publisher::new(client, &id, "mcs-agent");
+    let publisher = Publisher::new(client.clone(), &id, "mcs-agent");
     // The member's RoleBinding was just made: the hub's authorizer may not know it yet.
     support::wait_for(
         &format!("{id}'s first Lease renewal"),
@@ -602,7 +611,28 @@ async fn simulated_member(
             }
         })
         .await;
-    publisher
+    let watcher = cfg.sim_watch.then(|| watch_hub(&client, &id));
+    (publisher, watcher)
+}
+
+/// Waits until every simulated member's watches hold every other member's records: all
+/// `total` records on the hub but its own `own`.
+async fn watchers_converged(watchers: &[HubWatcher], total: usize, own: usize) {
+    let want = (total - own) as u64;
+    let deadline = Instant::now() + BUDGET;
+    loop {
+        let behind = watchers.iter().filter(|w| w.records() != want).count();
+        if behind == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{behind} of {} simulated members do not hold the {want} records of the others after {BUDGET:?} (watch errors: {})",
+            watchers.len(),
+            watchers.iter().map(HubWatcher::errors).sum::<u64>()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 #[derive(Default)]
@@ -712,6 +742,7 @@ async fn run_hub(
     }
     let (east, west) = (&clients[0], &clients[1]);
     let mut sims: Vec<Publisher> = Vec::new();
+    let mut watchers: Vec<HubWatcher> = Vec::new();
     let renewals = tokio::sync::watch::channel(Vec::<Publisher>::new());
     let renewer = {
         let mut rx = renewals.1.clone();
@@ -731,7 +762,9 @@ async fn run_hub(
         let t_size = Instant::now();
         while 3 + sims.len() < n {
             let member = 3 + sims.len();
-            sims.push(simulated_member(hub, &hub_admin, member, cfg).await);
+            let (publisher, watcher) = simulated_member(hub, &hub_admin, member, cfg).await;
+            sims.push(publisher);
+            watchers.extend(watcher);
         }
         renewals.0.send_replace(sims.clone());
         let published = Instant::now();
@@ -739,6 +772,15 @@ async fn run_hub(
         // burst, so the probes measure a settled set).
         for client in &clients {
             converged(client, n, cfg).await;
+        }
+        if !watchers.is_empty() {
+            let total = Api::<MemberExport>::all(hub_admin.clone())
+                .list_metadata(&ListParams::default())
+                .await
+                .expect("list the records on the hub")
+                .items
+                .len();
+            watchers_converged(&watchers, total, cfg.services).await;
         }
         let settle = published.elapsed();
         let converge = if n == cfg.sizes[0] {
@@ -802,6 +844,7 @@ async fn run_hub(
         }
     }
     renewer.abort();
+    drop(watchers);
     drop(agents);
 }
 
@@ -974,10 +1017,15 @@ async fn main() {
         }
     }
     println!(
-        "\nscale: {} services x {} endpoints per member, {} probes per size ({:.0?} in all)\n",
+        "\nscale: {} services x {} endpoints per member, {} probes per size, simulated members {} ({:.0?} in all)\n",
         cfg.services,
         cfg.endpoints,
         cfg.probes,
+        if cfg.sim_watch {
+            "publish and watch"
+        } else {
+            "publish only"
+        },
         t0.elapsed()
     );
     println!("{}", header());

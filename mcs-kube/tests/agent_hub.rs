@@ -510,6 +510,24 @@ async fn a_member_whose_hub_roles_are_not_applied_yet_holds_nobody_back() {
         .await
         .expect("south's record");
     wait_endpoints(&set, 2, "south", &["10.40.0.5"]).await;
+
+    // South's hub watches alone, as the scale bench's simulated members run them: they
+    // hold east's and west's records, not south's own.
+    #[cfg(feature = "unstable-load")]
+    {
+        let watcher = mcs_kube::agent::load::watch_hub(
+            &hub_identity(&set.hub().cluster, &south).await,
+            &south,
+        );
+        support::wait_for(
+            "south's hub watches holding east's and west's records",
+            SLICE_TIMEOUT,
+            || async { (watcher.records() == 2).then_some(()) },
+        )
+        .await;
+        assert!(watcher.events() > 2, "{}", watcher.events());
+        assert_eq!(watcher.errors(), 0);
+    }
 }
 
 /// How long the agents may take to resume after the hub comes back: the hub watches retry

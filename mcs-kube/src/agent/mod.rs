@@ -26,13 +26,16 @@
 //! Modules: [`desired`] and `reconcile` decide (no I/O); `index` holds watch state; the
 //! controller and writer only wire watches, decisions and writes together. `plan` (behind
 //! the unstable `unstable-plan` feature, for the project's seed and examples) runs the same
-//! decisions over in-memory clusters.
+//! decisions over in-memory clusters. `load` (behind `unstable-load`, for load tests of a
+//! hub) runs a member's hub watches alone.
 
 pub mod cidr;
 mod controller;
 pub mod desired;
 mod health;
 pub(crate) mod index;
+#[cfg(feature = "unstable-load")]
+pub mod load;
 #[cfg(feature = "unstable-plan")]
 pub mod plan;
 mod publish;
