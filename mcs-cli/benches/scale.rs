@@ -14,7 +14,9 @@
 //! code ([`mcs_kube::hub::publish::Publisher`]) with its own hub identity, and watches the
 //! hub as an agent does, through the agent's own hub sources
 //! ([`mcs_kube::agent::load::watch_hub`]: its watches and their split per member, without
-//! the merge and the writes into a cluster; `MCS_SCALE_SIM_WATCH=0`: publishing only). At
+//! the merge and the writes into a cluster; `MCS_SCALE_SIM_WATCH=0`: publishing only). Their
+//! Lease grows with the set as the agents' does (`MCS_SCALE_LEASE_AT_SIZE=0`: always 40 s,
+//! the three real agents' still grows). At
 //! every size, once east, west and north each import every service from every member and
 //! every simulated member holds every other member's records:
 //!
@@ -79,7 +81,8 @@ const SERVICE_CIDR: &str = "10.0.0.0/20";
 const UNEXPORTED_NS: &str = "unexported";
 /// Budget for any one wait (convergence at 100 clusters included).
 const BUDGET: Duration = Duration::from_secs(900);
-/// Lease of the simulated members (renewed every `LEASE / 4`).
+/// Lease of the simulated members, the agents' default (renewed every third of it; longer
+/// in a large set, as the agents' is: `mcs_kube::hub::lease_duration_for`).
 const LEASE: Duration = Duration::from_secs(40);
 
 fn env_list(name: &str, default: &str) -> Vec<usize> {
@@ -112,6 +115,8 @@ struct Config {
     idle: Duration,
     /// Whether the simulated members watch the hub.
     sim_watch: bool,
+    /// Whether the simulated members' Lease grows with the set, as the agents' does.
+    lease_at_size: bool,
     /// The agent binaries to run, each with its label ("" for this build's alone).
     agents: Vec<(String, PathBuf)>,
 }
@@ -127,6 +132,7 @@ impl Config {
             unexported: env_num("MCS_SCALE_UNEXPORTED", 10_000),
             idle: Duration::from_secs(env_num("MCS_SCALE_IDLE_SECONDS", 20) as u64),
             sim_watch: env_num("MCS_SCALE_SIM_WATCH", 1) != 0,
+            lease_at_size: env_num("MCS_SCALE_LEASE_AT_SIZE", 1) != 0,
             agents: match std::env::var("MCS_SCALE_AGENTS") {
                 Ok(list) if !list.trim().is_empty() => list
                     .split(',')
@@ -150,10 +156,11 @@ impl Config {
             "MCS_SCALE_SIZES must grow from at least 3 (the real members)"
         );
         assert!(
-            c.sizes.iter().chain(&c.mesh).all(|&n| n <= 250) && c.services <= 250,
-            "addresses are 10.<member>.<service>.<endpoint>: at most 250 members and services"
+            c.sizes.iter().chain(&c.mesh).all(|&n| n <= 1023)
+                && c.services <= 250
+                && c.endpoints <= 63,
+            "addresses pack member, service and endpoint into 10.0.0.0/8 (see `address`): at most 1,023 members, 250 services and 63 endpoints"
         );
-        assert!(c.endpoints <= 250, "at most 250 endpoints per service");
         c
     }
 }
@@ -181,8 +188,15 @@ fn service(name: &str) -> Service {
     }
 }
 
-/// The EndpointSlice of service number `svc` of member number `member`: addresses
-/// `10.<member>.<svc>.<1..=n>`, all ready.
+/// The address of endpoint `e` (1 to 63) of service number `svc` (below 256) of member
+/// number `member` (below 1,024): the three packed into the 24 bits of 10.0.0.0/8.
+fn address(member: usize, svc: usize, e: usize) -> String {
+    let bits = (member << 14) | (svc << 6) | e;
+    format!("10.{}.{}.{}", bits >> 16, (bits >> 8) & 0xff, bits & 0xff)
+}
+
+/// The EndpointSlice of service number `svc` of member number `member`: `n` addresses
+/// ([`address`]), all ready.
 fn slice(ns: &str, name: &str, member: usize, svc: usize, n: usize) -> EndpointSlice {
     EndpointSlice {
         address_type: "IPv4".into(),
@@ -197,7 +211,7 @@ fn slice(ns: &str, name: &str, member: usize, svc: usize, n: usize) -> EndpointS
         },
         endpoints: (1..=n)
             .map(|e| Endpoint {
-                addresses: vec![format!("10.{member}.{svc}.{e}")],
+                addresses: vec![address(member, svc, e)],
                 conditions: Some(EndpointConditions {
                     ready: Some(true),
                     serving: Some(true),
@@ -501,7 +515,7 @@ async fn unready_probes(east: &Client, west: &Client, cfg: &Config) -> Vec<Durat
     let mut out = Vec::new();
     for k in 0..cfg.probes.min(cfg.services) {
         let name = svc_name(k);
-        let address = format!("10.0.{k}.1");
+        let address = address(0, k, 1);
         let gone = {
             let address = address.clone();
             watch_for(
@@ -746,15 +760,22 @@ async fn run_hub(
     let renewals = tokio::sync::watch::channel(Vec::<Publisher>::new());
     let renewer = {
         let mut rx = renewals.1.clone();
+        let lease_at_size = cfg.lease_at_size;
         tokio::spawn(async move {
             loop {
                 let publishers = rx.borrow_and_update().clone();
+                // As an agent does: a longer Lease in a large set.
+                let lease = if lease_at_size {
+                    mcs_kube::hub::lease_duration_for(3 + publishers.len(), LEASE)
+                } else {
+                    LEASE
+                };
                 for p in &publishers {
-                    if let Err(e) = p.renew_lease(LEASE).await {
+                    if let Err(e) = p.renew_lease(lease).await {
                         eprintln!("[scale] {e}");
                     }
                 }
-                let _ = tokio::time::timeout(LEASE / 4, rx.changed()).await;
+                let _ = tokio::time::timeout(lease / 3, rx.changed()).await;
             }
         })
     };
@@ -1017,7 +1038,7 @@ async fn main() {
         }
     }
     println!(
-        "\nscale: {} services x {} endpoints per member, {} probes per size, simulated members {} ({:.0?} in all)\n",
+        "\nscale: {} services x {} endpoints per member, {} probes per size, simulated members {}, their Lease {} ({:.0?} in all)\n",
         cfg.services,
         cfg.endpoints,
         cfg.probes,
@@ -1025,6 +1046,11 @@ async fn main() {
             "publish and watch"
         } else {
             "publish only"
+        },
+        if cfg.lease_at_size {
+            "growing with the set"
+        } else {
+            "40 s"
         },
         t0.elapsed()
     );

@@ -60,7 +60,9 @@ struct Args {
     /// identity (deploy/rbac/hub-member.yaml).
     #[arg(long, env = "MCS_HUB_KUBECONFIG")]
     hub: Option<String>,
-    /// Hub topology: seconds of this member's Lease on the hub (renewed every third).
+    /// Hub topology: seconds of this member's Lease on the hub (renewed every third; longer
+    /// in a set so large that its members would renew more than 10 times a second together:
+    /// 3 s per 10 members).
     #[arg(long, default_value_t = 40, requires = "hub")]
     hub_lease_seconds: u64,
     /// Seconds an unreachable member's endpoints are kept.

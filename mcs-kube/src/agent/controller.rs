@@ -213,9 +213,9 @@ pub(super) async fn run(
         }
         Topology::Hub(hub) => {
             source::local::spawn_exported(&mut tasks, &tx, &config.local, &hub.local);
-            source::hub::spawn(&mut tasks, &tx, &config.local, &hub.hub);
+            let members = source::hub::spawn(&mut tasks, &tx, &config.local, &hub.hub);
             let publisher = Publisher::new(hub.hub.clone(), &config.local, &config.field_manager);
-            publish::spawn_lease(&mut tasks, &tx, &publisher, hub.lease_duration);
+            publish::spawn_lease(&mut tasks, &tx, &publisher, hub.lease_duration, members);
             (Mode::Hub, hub.local.clone(), Vec::new(), Some(publisher))
         }
     };

@@ -56,7 +56,7 @@ impl HubWatcher {
 pub fn watch_hub(hub: &kube::Client, local: &ClusterId) -> HubWatcher {
     let mut tasks = tokio::task::JoinSet::new();
     let (tx, mut rx) = mpsc::channel(256);
-    source::hub::spawn(&mut tasks, &tx, local, hub);
+    let _members = source::hub::spawn(&mut tasks, &tx, local, hub);
     drop(tx);
     let counts = Arc::new(Counts::default());
     let seen = counts.clone();

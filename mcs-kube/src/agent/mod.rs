@@ -95,7 +95,10 @@ pub struct HubConfig {
     pub local: kube::Client,
     /// A client for the hub, with this member's hub identity.
     pub hub: kube::Client,
-    /// The member's Lease duration on the hub (default 40 s; renewed every third of it).
+    /// The member's Lease duration on the hub (default 40 s; renewed every third of it),
+    /// or longer in a set so large that its members would renew more than
+    /// [`crate::hub::SET_RENEWALS_PER_SECOND`] times a second together
+    /// ([`crate::hub::lease_duration_for`]).
     pub lease_duration: Duration,
 }
 

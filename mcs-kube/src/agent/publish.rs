@@ -11,19 +11,20 @@ pub(crate) const PUBLISHING: &str = "publishing to the hub";
 /// What `Fact::HubWrite` calls a Lease renewal.
 pub(crate) const RENEWAL: &str = "Lease renewal on the hub";
 
-/// Renews the agent's Lease on the hub every third of `duration`, and reports each result.
+/// Renews the agent's Lease on the hub every third of its duration, and reports each
+/// result. The duration is `floor`, or longer in a large set
+/// ([`crate::hub::lease_duration_for`], with the number of members `members` says).
 pub(crate) fn spawn_lease(
     tasks: &mut tokio::task::JoinSet<()>,
     tx: &Tx,
     publisher: &Publisher,
-    duration: Duration,
+    floor: Duration,
+    members: tokio::sync::watch::Receiver<usize>,
 ) {
     let (tx, publisher) = (tx.clone(), publisher.clone());
     tasks.spawn(async move {
-        let mut tick = tokio::time::interval((duration / 3).max(Duration::from_millis(100)));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tick.tick().await;
+            let duration = crate::hub::lease_duration_for(*members.borrow(), floor);
             let result = publisher
                 .renew_lease(duration)
                 .await
@@ -31,6 +32,7 @@ pub(crate) fn spawn_lease(
             if tx.send(Fact::HubWrite(RENEWAL, result)).await.is_err() {
                 return;
             }
+            tokio::time::sleep((duration / 3).max(Duration::from_millis(100))).await;
         }
     });
 }

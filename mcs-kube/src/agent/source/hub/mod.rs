@@ -36,13 +36,15 @@ fn hub_backoff() -> watcher::ExponentialBackoff {
 
 /// Watches the hub: member namespaces; every other member's records, in one watch across
 /// the member namespaces; their Leases, in one watch of [`LEASE_NAMESPACE`]; the agent's
-/// own records. Four watches, however many members there are.
+/// own records. Four watches, however many members there are. Returns the number of
+/// members known (this one included), kept up to date.
 pub(crate) fn spawn(
     tasks: &mut tokio::task::JoinSet<()>,
     tx: &Tx,
     local: &ClusterId,
     hub: &kube::Client,
-) {
+) -> tokio::sync::watch::Receiver<usize> {
+    let (count_tx, count) = tokio::sync::watch::channel(1);
     let own = member_namespace(local);
     let tx_own = tx.clone();
     let own_records = Api::<MemberExport>::namespaced(hub.clone(), &own);
@@ -137,6 +139,8 @@ pub(crate) fn spawn(
                                 .map(|(id, e)| Fact::Lease(id, e)),
                         );
                     }
+                    let members = known.len() + 1;
+                    count_tx.send_if_modified(|n| std::mem::replace(n, members) != members);
                     facts
                 }
                 Some(event) = leases.next() => match event {
@@ -170,6 +174,7 @@ pub(crate) fn spawn(
             }
         }
     });
+    count
 }
 
 /// The member a hub namespace belongs to, from its label.
