@@ -16,7 +16,9 @@
 //! ([`mcs_kube::agent::load::watch_hub`]: its watches and their split per member, without
 //! the merge and the writes into a cluster; `MCS_SCALE_SIM_WATCH=0`: publishing only). Their
 //! Lease grows with the set as the agents' does (`MCS_SCALE_LEASE_AT_SIZE=0`: always 40 s,
-//! the three real agents' still grows). At
+//! the three real agents' still grows; `MCS_SCALE_LEASE_COMPARE=1`: at the last size, the
+//! steady state is measured again with the other choice). Renewals are spread over each
+//! period, as independent members' are. At
 //! every size, once east, west and north each import every service from every member and
 //! every simulated member holds every other member's records:
 //!
@@ -27,7 +29,8 @@
 //!   unready, until west's imported slice no longer has it ready;
 //! - resident memory (RSS) of the hub's kube-apiserver and etcd and of the three agents,
 //!   and the CPU the hub's processes used while the set grew to that size and over
-//!   `MCS_SCALE_IDLE_SECONDS` (20) of steady state (Lease renewals only);
+//!   `MCS_SCALE_IDLE_SECONDS` (20) of steady state (Lease renewals only), with the events
+//!   the simulated members' watches took in meanwhile;
 //! - the watches open on the hub, from its own metrics (`apiserver_longrunning_requests`
 //!   with `verb="WATCH"`): the three agents' and the simulated members'.
 //!
@@ -117,6 +120,8 @@ struct Config {
     sim_watch: bool,
     /// Whether the simulated members' Lease grows with the set, as the agents' does.
     lease_at_size: bool,
+    /// Whether to measure the other Lease choice too, at the last size.
+    lease_compare: bool,
     /// The agent binaries to run, each with its label ("" for this build's alone).
     agents: Vec<(String, PathBuf)>,
 }
@@ -133,6 +138,7 @@ impl Config {
             idle: Duration::from_secs(env_num("MCS_SCALE_IDLE_SECONDS", 20) as u64),
             sim_watch: env_num("MCS_SCALE_SIM_WATCH", 1) != 0,
             lease_at_size: env_num("MCS_SCALE_LEASE_AT_SIZE", 1) != 0,
+            lease_compare: env_num("MCS_SCALE_LEASE_COMPARE", 0) != 0,
             agents: match std::env::var("MCS_SCALE_AGENTS") {
                 Ok(list) if !list.trim().is_empty() => list
                     .split(',')
@@ -722,11 +728,47 @@ fn cluster_options() -> ClusterOptions {
     }
 }
 
+/// The simulated members' Lease: the agents' default, grown with the set as the agents'
+/// is (`at_size`), or not.
+fn sim_lease(sims: usize, at_size: bool) -> Duration {
+    if at_size {
+        mcs_kube::hub::lease_duration_for(3 + sims, LEASE)
+    } else {
+        LEASE
+    }
+}
+
+/// Hub CPU (cores) and the events the simulated members' watches took in (per second) over
+/// `window` of steady state: Lease renewals, nothing else changes.
+async fn idle_window(hub: &TestCluster, watchers: &[HubWatcher], window: Duration) -> (f64, f64) {
+    let events = || watchers.iter().map(HubWatcher::events).sum::<u64>();
+    let (cpu0, events0) = (hub_cpu(hub).await, events());
+    tokio::time::sleep(window).await;
+    let secs = window.as_secs_f64();
+    let cores = (hub_cpu(hub).await - cpu0) / secs;
+    (cores, (events() - events0) as f64 / secs)
+}
+
+/// A line of the Lease table.
+fn lease_row(clusters: usize, sims: usize, at_size: bool, events: f64, cores: f64) -> String {
+    let lease = sim_lease(sims, at_size).as_secs();
+    format!(
+        "| {clusters} | {} | {lease} | {:.1} | {events:.0} | {cores:.2} |",
+        if at_size {
+            "grows with the set"
+        } else {
+            "40 s"
+        },
+        sims as f64 / (lease as f64 / 3.0),
+    )
+}
+
 async fn run_hub(
     cfg: &Config,
     (label, bin): &(String, PathBuf),
     rows: &mut Vec<Row>,
     memory: &mut Vec<String>,
+    leases: &mut Vec<String>,
 ) {
     let names = ["hub", "east", "west", "north"];
     let opts = cluster_options();
@@ -757,25 +799,33 @@ async fn run_hub(
     let (east, west) = (&clients[0], &clients[1]);
     let mut sims: Vec<Publisher> = Vec::new();
     let mut watchers: Vec<HubWatcher> = Vec::new();
-    let renewals = tokio::sync::watch::channel(Vec::<Publisher>::new());
+    // The simulated members and whether their Lease grows with the set.
+    let renewals = tokio::sync::watch::channel((Vec::<Publisher>::new(), cfg.lease_at_size));
     let renewer = {
         let mut rx = renewals.1.clone();
-        let lease_at_size = cfg.lease_at_size;
         tokio::spawn(async move {
             loop {
-                let publishers = rx.borrow_and_update().clone();
-                // As an agent does: a longer Lease in a large set.
-                let lease = if lease_at_size {
-                    mcs_kube::hub::lease_duration_for(3 + publishers.len(), LEASE)
-                } else {
-                    LEASE
-                };
+                let (publishers, at_size) = rx.borrow_and_update().clone();
+                if publishers.is_empty() {
+                    if rx.changed().await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+                // Each renews every third of its Lease, spread over that period as
+                // independent members' renewals are.
+                let lease = sim_lease(publishers.len(), at_size);
+                let gap = lease / 3 / publishers.len() as u32;
                 for p in &publishers {
                     if let Err(e) = p.renew_lease(lease).await {
                         eprintln!("[scale] {e}");
                     }
+                    match tokio::time::timeout(gap, rx.changed()).await {
+                        Err(_) => {}
+                        Ok(Ok(())) => break,
+                        Ok(Err(_)) => return,
+                    }
                 }
-                let _ = tokio::time::timeout(lease / 3, rx.changed()).await;
             }
         })
     };
@@ -787,7 +837,7 @@ async fn run_hub(
             sims.push(publisher);
             watchers.extend(watcher);
         }
-        renewals.0.send_replace(sims.clone());
+        renewals.0.send_replace((sims.clone(), cfg.lease_at_size));
         let published = Instant::now();
         // Converged: every real member imports everything (their agents are past the
         // burst, so the probes measure a settled set).
@@ -834,9 +884,7 @@ async fn run_hub(
                 .await
                 .expect("restore endpoints");
         }
-        let idle0 = hub_cpu(hub).await;
-        tokio::time::sleep(cfg.idle).await;
-        let idle = (hub_cpu(hub).await - idle0) / cfg.idle.as_secs_f64();
+        let (idle, lease_events) = idle_window(hub, &watchers, cfg.idle).await;
         let records = Api::<MemberExport>::all(hub_admin.clone())
             .list_metadata(&ListParams::default())
             .await
@@ -859,6 +907,23 @@ async fn run_hub(
             hub_watches,
         });
         print_row(rows.last().unwrap());
+        leases.push(lease_row(
+            n,
+            sims.len(),
+            cfg.lease_at_size,
+            lease_events,
+            idle,
+        ));
+        if cfg.lease_compare && n == *cfg.sizes.last().unwrap() {
+            // The other Lease choice, in the same set: one period to take hold, then the
+            // same window.
+            let other = !cfg.lease_at_size;
+            renewals.0.send_replace((sims.clone(), other));
+            tokio::time::sleep(sim_lease(sims.len(), other) / 3).await;
+            let (idle, lease_events) = idle_window(hub, &watchers, cfg.idle).await;
+            leases.push(lease_row(n, sims.len(), other, lease_events, idle));
+            eprintln!("[scale] {}", leases.last().unwrap());
+        }
         if n == cfg.sizes[0] && cfg.unexported > 0 {
             let topology = format!("hub{label}");
             memory.push(unexported_check(&topology, cfg, east, west, &mut agents).await);
@@ -1029,8 +1094,9 @@ async fn main() {
     let t0 = Instant::now();
     let mut rows = Vec::new();
     let mut memory = Vec::new();
+    let mut leases = Vec::new();
     for agent in &cfg.agents {
-        run_hub(&cfg, agent, &mut rows, &mut memory).await;
+        run_hub(&cfg, agent, &mut rows, &mut memory, &mut leases).await;
     }
     for agent in &cfg.agents {
         for &n in &cfg.mesh {
@@ -1057,6 +1123,14 @@ async fn main() {
     println!("{}", header());
     for r in &rows {
         println!("{}", format_row(r));
+    }
+    if !leases.is_empty() {
+        println!(
+            "\n| clusters | simulated members' Lease | Lease s | their renewals/s | events/s to their watches (steady state) | hub idle cores |\n|---|---|---|---|---|---|"
+        );
+        for line in &leases {
+            println!("{line}");
+        }
     }
     if !memory.is_empty() {
         println!(
