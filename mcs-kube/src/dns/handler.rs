@@ -20,7 +20,7 @@ use hickory_server::net::xfer::Protocol;
 use hickory_server::proto::op::{Edns, Metadata, OpCode, ResponseCode};
 use hickory_server::proto::rr::rdata::{A, AAAA, NS, SOA, SRV, TXT};
 use hickory_server::proto::rr::{DNSClass, Name, RData, Record, RecordType};
-use hickory_server::proto::serialize::binary::{BinDecoder, BinEncodable};
+use hickory_server::proto::serialize::binary::{BinDecoder, BinEncodable, BinEncoder};
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
 use hickory_server::zone_handler::{MessageResponseBuilder, Queries};
 use mcs_core::dns::{self, Answer, QueryType, Rcode, ZoneData};
@@ -180,12 +180,20 @@ impl RequestHandler for Handler {
         metadata.response_code = code;
         metadata.authoritative = answer.authoritative;
         metadata.recursion_available = false;
-        if let (Protocol::Udp, Some(edns)) = (request.protocol(), resp_edns.as_ref()) {
-            metadata.truncation = fit_with_opt(
-                usize::from(edns.max_payload()),
-                request,
-                &mut [&mut answers, &mut authority, &mut additionals],
-            );
+        // An answer to an EDNS query keeps room for its OPT record: over UDP within the
+        // payload size both sides offer, over TCP within a DNS message's largest size.
+        if let Some(edns) = resp_edns.as_ref() {
+            let mut sections = [&mut answers, &mut authority, &mut additionals];
+            match request.protocol() {
+                Protocol::Udp => {
+                    let limit = usize::from(edns.max_payload());
+                    metadata.truncation = fit_with_opt(limit, request, &mut sections);
+                }
+                Protocol::Tcp => {
+                    metadata.truncation = fit_tcp_with_opt(request, edns, metadata, &mut sections);
+                }
+                _ => {}
+            }
         }
         let message = builder.build(
             metadata,
@@ -258,7 +266,7 @@ impl Handler {
 /// The bytes of an OPT record without options.
 const OPT_BYTES: usize = 11;
 
-/// Keeps a UDP answer to an EDNS query within `limit` bytes *with* its OPT record (RFC 6891
+/// Keeps an answer to an EDNS query within `limit` bytes *with* its OPT record (RFC 6891
 /// section 7: a truncated answer still carries it). hickory truncates by emitting records
 /// until the buffer is full, which can leave no room for the OPT record that comes last.
 /// When the records, counted without name compression, could overflow, whole records are
@@ -293,6 +301,72 @@ fn fit_with_opt(limit: usize, request: &Request, sections: &mut [&mut Vec<Record
         records.truncate(keep);
     }
     truncated
+}
+
+/// Keeps a TCP answer to an EDNS query within a DNS message's largest size (65,535 bytes:
+/// the TCP length prefix is 16 bits) *with* its OPT record, which hickory's encoder leaves
+/// out when the records fill the message. Answers whose records could not come near the
+/// limit even uncompressed, all but the rarest, cost the size estimate of
+/// [`fit_with_opt`]; others are encoded as hickory sends them (with name compression),
+/// and when that overflows, the most records that fit are found by bisection (whole
+/// records kept in section order). Returns whether any record was dropped (the TC bit).
+fn fit_tcp_with_opt(
+    request: &Request,
+    edns: &Edns,
+    metadata: Metadata,
+    sections: &mut [&mut Vec<Record>; 3],
+) -> bool {
+    let question = request.queries.as_bytes().len();
+    let budget = usize::from(u16::MAX).saturating_sub(12 + question + OPT_BYTES);
+    let total: usize = sections.iter().flat_map(|r| r.iter()).map(wire_bound).sum();
+    if total <= budget {
+        return false;
+    }
+    let lens = sections.each_ref().map(|r| r.len());
+    // The first `k` records in section order.
+    let split = |k: usize| {
+        let mut left = k;
+        lens.map(|n| {
+            let take = n.min(left);
+            left -= take;
+            take
+        })
+    };
+    let fits = |k: usize| {
+        let [a, b, c] = split(k);
+        let mut builder = MessageResponseBuilder::from_message_request(request);
+        builder.edns(edns);
+        let message = builder.build(
+            metadata,
+            sections[0][..a].iter(),
+            sections[1][..b].iter(),
+            std::iter::empty(),
+            sections[2][..c].iter(),
+        );
+        let mut buf = Vec::with_capacity(usize::from(u16::MAX));
+        // The encoder stops at 65,535 bytes and says so in the header's TC bit.
+        message
+            .destructive_emit(&mut BinEncoder::new(&mut buf))
+            .is_ok_and(|info| !info.truncation)
+    };
+    let all = lens.iter().sum::<usize>();
+    if fits(all) {
+        return false;
+    }
+    // fits(lo) and !fits(hi); no records at all always fit beside a question.
+    let (mut lo, mut hi) = (0, all);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    for (records, keep) in sections.iter_mut().zip(split(lo)) {
+        records.truncate(keep);
+    }
+    true
 }
 
 /// At least the bytes `record` takes on the wire, without allocating: its owner name and
