@@ -130,6 +130,22 @@ impl Pick {
     }
 }
 
+/// An endpoint a request was sent to, and its tier (see `pick_for_retry` in `service.rs`).
+pub(crate) struct Tried {
+    meta: Arc<EndpointMeta>,
+    tier: usize,
+}
+
+impl Tried {
+    pub(crate) fn endpoint(&self) -> &Endpoint {
+        &self.meta.endpoint
+    }
+
+    pub(crate) fn tier(&self) -> usize {
+        self.tier
+    }
+}
+
 /// One attempt of a balanced request: holds the pick (counted in flight) until the
 /// response head or an error arrives, then records the outcome and latency.
 pub(crate) struct Attempt {
@@ -189,8 +205,12 @@ impl Attempt {
         self.meta.endpoint.addr
     }
 
-    pub(crate) fn tier(&self) -> usize {
-        self.picked.tier()
+    /// What a retry needs to know of this attempt: its endpoint and tier.
+    pub(crate) fn tried(&self) -> Tried {
+        Tried {
+            meta: Arc::clone(&self.meta),
+            tier: self.picked.tier(),
+        }
     }
 
     /// The span of this attempt.

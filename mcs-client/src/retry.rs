@@ -4,10 +4,12 @@
 //! policy. A request is retried only when it certainly did not reach the endpoint (the
 //! connection could not be made, or hyper reports it was not sent) or, for idempotent
 //! methods (RFC 9110 section 9.2.2), when the connection closed before the response head.
-//! Each retry goes to a different endpoint when the set has one, and costs one withdrawal
-//! from a [retry budget](Retry::budget): by default retries may add 20 % to the request rate,
-//! plus 10 retries per second, over a 10 s window (tower's `TpsBudget` and linkerd's
-//! defaults).
+//! Each retry goes to a different endpoint when the set has one: the first to the balancer's
+//! choice (keeping locality), later ones to a tier or a cluster the request has not failed
+//! in, so that a cluster whose endpoints all refuse, not ejected yet, cannot take every
+//! attempt. Each costs one withdrawal from a [retry budget](Retry::budget): by default
+//! retries may add 20 % to the request rate, plus 10 retries per second, over a 10 s window
+//! (tower's `TpsBudget` and linkerd's defaults).
 //!
 //! A body is consumed by the first attempt, so a retry needs a copy made before sending:
 //! that is what [`ReplayBody`] does. [`CloneBody`] works for bodies that are `Clone`

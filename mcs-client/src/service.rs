@@ -1,7 +1,6 @@
 //! [`Mcs`]: the balancing service.
 
 use std::fmt;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
@@ -21,7 +20,7 @@ use mcs_core::endpoints::{PickContext, PickError, Picked};
 use crate::classify::FailureKind;
 use crate::connect::{EndpointTarget, MakeEndpoint};
 use crate::error::Error;
-use crate::future::{Attempt, BoxResponseFuture, Pick, ResponseFuture, RetryFn};
+use crate::future::{Attempt, BoxResponseFuture, Pick, ResponseFuture, RetryFn, Tried};
 use crate::retry::ReplayBody;
 use crate::shared::Shared;
 use crate::target::{EndpointMeta, Route, Routing, TargetShared, now};
@@ -334,8 +333,7 @@ where
                     route: route.clone(),
                     head: head.clone(),
                     copies,
-                    tried: vec![attempt.addr()],
-                    tried_tiers: vec![attempt.tier()],
+                    tried: vec![attempt.tried()],
                     retries: 0,
                 })
             });
@@ -377,8 +375,8 @@ struct RetryState<M: MakeEndpoint, B, R: ReplayBody<B>> {
     head: Parts,
     /// What the body of every retry is copied from.
     copies: R::Copies,
-    tried: Vec<SocketAddr>,
-    tried_tiers: Vec<usize>,
+    /// The endpoints this request went to, in order.
+    tried: Vec<Tried>,
     retries: u32,
 }
 
@@ -399,16 +397,10 @@ impl<M: MakeEndpoint, B, R: ReplayBody<B>> RetryState<M, B, R> {
             return None;
         }
         let now = now();
-        // The first retry takes the balancer's choice; later ones prefer a tier this request
-        // has not failed in yet.
-        let new_tier = self.retries >= 1;
-        let Some(picked) = pick_for_retry(
-            &self.route.target,
-            &self.tried,
-            &self.tried_tiers,
-            new_tier,
-            now,
-        ) else {
+        // The first retry takes the balancer's choice; later ones prefer a tier or a cluster
+        // this request has not failed in yet.
+        let elsewhere = self.retries >= 1;
+        let Some(picked) = pick_for_retry(&self.route.target, &self.tried, elsewhere, now) else {
             trace!(service = %self.route.target.name, "no untried endpoint to retry on");
             return None;
         };
@@ -466,8 +458,7 @@ where
             state.shared.classify,
             state.shared.request_timeout,
         );
-        state.tried.push(attempt.addr());
-        state.tried_tiers.push(attempt.tier());
+        state.tried.push(attempt.tried());
         let fut = tracing::Instrument::instrument(svc.oneshot(req), attempt.span().clone());
         let result = match state.shared.request_timeout {
             Some(t) => match tokio::time::timeout(t, fut).await {
@@ -489,18 +480,24 @@ where
 /// Picks an endpoint for a retry: never one this request already tried.
 ///
 /// The balancer's draws (up to 8) decide when they offer an untried endpoint; with
-/// `new_tier`, only one in a tier this request has not failed in yet. Otherwise an untried
-/// endpoint is taken directly from the snapshot, from the first tier not tried yet (Envoy's
-/// `previous_priorities` retry predicate), else from any tier. This is what lets a retry
-/// reach the next cluster when a whole local cluster refuses connections and is not ejected
-/// yet: the balancer keeps offering it. A direct pick is outside the balancer's accounting.
+/// `elsewhere`, only one in a tier or a cluster this request has not failed in yet.
+/// Otherwise an untried endpoint is taken directly from the snapshot: from the first tier
+/// with one in a tier or cluster not tried yet (Envoy's `previous_priorities` retry
+/// predicate, extended to clusters), else from any tier. This is what lets a retry reach
+/// another cluster when a whole cluster refuses connections and is not ejected yet: the
+/// balancer keeps offering it, in the local tier, or beside the other clusters in the
+/// remote tier. A direct pick is outside the balancer's accounting.
 fn pick_for_retry(
     target: &TargetShared,
-    tried: &[SocketAddr],
-    tried_tiers: &[usize],
-    new_tier: bool,
+    tried: &[Tried],
+    elsewhere: bool,
     now: Instant,
 ) -> Option<Pick> {
+    let untried = |e: &Endpoint| !tried.iter().any(|t| t.endpoint().addr == e.addr);
+    let fresh = |tier: usize, e: &Endpoint| {
+        !tried.iter().any(|t| t.tier() == tier)
+            || !tried.iter().any(|t| t.endpoint().cluster == e.cluster)
+    };
     let mut fallback = None;
     for _ in 0..8 {
         let Ok(picked) = target
@@ -509,36 +506,35 @@ fn pick_for_retry(
         else {
             break;
         };
-        if tried.contains(&picked.addr()) {
+        if !untried(picked.endpoint()) {
             continue;
         }
-        if !new_tier || !tried_tiers.contains(&picked.tier()) {
+        if !elsewhere || fresh(picked.tier(), picked.endpoint()) {
             return Some(Pick::Balanced(picked));
         }
         fallback.get_or_insert(picked);
     }
     let snapshot = target.balancer.snapshot();
-    let direct = |tier_ok: &dyn Fn(usize) -> bool| {
+    let direct = |ok: &dyn Fn(usize, &Endpoint) -> bool| {
         snapshot
             .tiers()
             .iter()
             .enumerate()
-            .filter(|(tier, _)| tier_ok(*tier))
             .find_map(|(tier, states)| {
-                let untried: Vec<&Endpoint> = states
+                let candidates: Vec<&Endpoint> = states
                     .iter()
                     .map(|s| s.endpoint())
-                    .filter(|e| !tried.contains(&e.addr))
+                    .filter(|e| untried(e) && ok(tier, e))
                     .collect();
-                (!untried.is_empty()).then(|| {
-                    let endpoint = untried[fastrand::usize(..untried.len())].clone();
+                (!candidates.is_empty()).then(|| {
+                    let endpoint = candidates[fastrand::usize(..candidates.len())].clone();
                     Pick::Direct(Box::new((endpoint, tier)))
                 })
             })
     };
-    direct(&|tier| !tried_tiers.contains(&tier))
+    direct(&fresh)
         .or_else(|| fallback.map(Pick::Balanced))
-        .or_else(|| direct(&|_| true))
+        .or_else(|| direct(&|_, _| true))
 }
 
 #[cfg(test)]

@@ -336,3 +336,54 @@ async fn grpc_channel_helper_over_tls_verifies_the_clusterset_name() {
         server.stop().await;
     }
 }
+
+/// A caller in a cluster with no endpoints of its own (north) has every other cluster in one
+/// tier. When one of them (east, 3 endpoints) refuses connections while discovery still
+/// lists it, a call's retries leave it for another cluster (west, 1 endpoint): the first
+/// retry takes the balancer's choice, the second one a cluster the call has not failed in.
+/// (Before, when retries only looked for another tier, a call failed whenever its three
+/// attempts all went to east: one call in four here.) Each call gets a new channel, so that
+/// no call learns from an earlier one's ejections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_leaves_a_remote_cluster_that_refuses_for_another() {
+    let resolver = StaticResolver::new();
+    // Nobody listens on east's addresses: every connection is refused.
+    let mut endpoints: Vec<_> = (1..=3)
+        .map(|i| {
+            mcs_core::discovery::Endpoint::ready(
+                SocketAddr::from(([127, 10, 66, i], PORT)),
+                cluster("east"),
+            )
+        })
+        .collect();
+    let west = grpc_server([127, 20, 66, 1], "west").await;
+    endpoints.push(mcs_core::discovery::Endpoint::ready(
+        SocketAddr::from(([127, 20, 66, 1], PORT)),
+        cluster("west"),
+    ));
+    resolver.set(&target(PORT), endpoints);
+    let origin = mcs_client::grpc::origin(&target(PORT), false);
+    let mut attempts = std::collections::BTreeMap::<u32, usize>::new();
+    for call in 0..40 {
+        let channel = mcs_client::grpc::channel(
+            ejecting_half(resolver.clone(), "north"),
+            mcs_client::connect::Tcp::new(),
+        );
+        let mut grpc = tonic::client::Grpc::with_origin(channel, origin.clone());
+        grpc.ready().await.expect("the channel is ready");
+        let response = grpc
+            .unary(
+                tonic::Request::new(b"order-1".to_vec()),
+                PathAndQuery::from_static("/loyalty.Accrual/Accrue"),
+                RawCodec,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("call {call} failed: {e}"));
+        let served = response.extensions().get::<Served>().cloned().unwrap();
+        assert_eq!(served.cluster().as_str(), "west", "call {call}");
+        *attempts.entry(served.attempts()).or_default() += 1;
+    }
+    // The calls that went to east first were retried (3 in 4 of them, by chance).
+    assert!(attempts.keys().any(|&a| a > 1), "{attempts:?}");
+    west.stop().await;
+}
