@@ -553,13 +553,31 @@ async fn discover(
     let mut backoff = RESUBSCRIBE_MIN;
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut first_stream = true;
     loop {
         let mut stream: Resolution = resolver.resolve(&shared.target);
+        // A stream after the first one sends a preference before its first set, or has
+        // none (see `Update::ClusterPreference`): the earlier stream's is lifted then.
+        let mut preference_sent = first_stream;
+        first_stream = false;
         loop {
             tokio::select! {
                 item = next(&mut stream) => match item {
+                    Some(Ok(Update::ClusterPreference(preference))) => {
+                        backoff = RESUBSCRIBE_MIN;
+                        preference_sent = true;
+                        // Not part of the set: the balancer alone holds it.
+                        if shared.balancer.set_cluster_preference(preference) {
+                            gauges.publish_tiers(&shared.balancer.snapshot());
+                            debug!(preference = ?shared.balancer.cluster_preference(), "cluster preference updated");
+                        }
+                    }
                     Some(Ok(update)) => {
                         backoff = RESUBSCRIBE_MIN;
+                        if !preference_sent {
+                            preference_sent = true;
+                            shared.balancer.set_cluster_preference(None);
+                        }
                         table.apply(update.clone());
                         shared.apply(update, &table, now());
                         gauges.publish(&table);

@@ -461,3 +461,48 @@ async fn whole_local_cluster_stops_and_no_request_fails() {
         "east is ejected, so retries are rare: {first_attempt}"
     );
 }
+
+/// KEP-5939's consumer algorithm, per request: with the preference "west, then east" (the
+/// import's `clusterSelectorResults` for this caller), every request goes to west while it
+/// has a ready endpoint, to east once it has none, back to west when it has one again, and
+/// to every cluster once the preference is lifted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_preference_sends_requests_to_the_first_set_with_an_endpoint() {
+    let east = servers(10, 30, 2, 0, "east").await;
+    let west = servers(20, 30, 2, 0, "west").await;
+    let resolver = StaticResolver::new();
+    let west_first =
+        mcs_core::endpoints::ClusterPreference::new([vec![cluster("west")], vec![cluster("east")]])
+            .unwrap();
+    resolver.prefer(&target(9443), Some(west_first));
+    resolver.set(
+        &target(9443),
+        east.iter().chain(&west).map(TestServer::endpoint),
+    );
+    // The caller is in north: without the preference both clusters would share the load.
+    let layer = McsLayer::new(resolver.clone(), Locality::cluster(cluster("north")));
+    let svc = ServiceBuilder::new().layer(layer).service(http1());
+    let (_, by_cluster) = load(&svc, 9443, 100, 4).await;
+    assert_eq!(by_cluster.get("west"), Some(&100), "{by_cluster:?}");
+
+    // West has no endpoint left: east takes over.
+    resolver.remove(&target(9443), west.iter().map(|s| s.addr));
+    eventually(Duration::from_secs(10), "requests go to east", || async {
+        load(&svc, 9443, 20, 2).await.1.get("east") == Some(&20)
+    })
+    .await;
+    // West is back: the traffic moves back.
+    resolver.add(&target(9443), west.iter().map(TestServer::endpoint));
+    eventually(
+        Duration::from_secs(10),
+        "requests go back to west",
+        || async { load(&svc, 9443, 20, 2).await.1.get("west") == Some(&20) },
+    )
+    .await;
+    // No preference: both clusters.
+    resolver.prefer(&target(9443), None);
+    eventually(Duration::from_secs(10), "requests go to both", || async {
+        load(&svc, 9443, 100, 4).await.1.len() == 2
+    })
+    .await;
+}

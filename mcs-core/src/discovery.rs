@@ -18,6 +18,7 @@ use std::sync::Arc;
 use futures_core::Stream;
 
 use crate::ClusterId;
+use crate::endpoints::ClusterPreference;
 use crate::name::{Hostname, ServiceRef};
 
 /// One endpoint as discovery reports it.
@@ -72,6 +73,14 @@ pub enum Update {
     Remove(Vec<SocketAddr>),
     /// The service does not exist (no ServiceImport, NXDOMAIN).
     DoesNotExist,
+    /// The caller's cluster preference for the service (`None`: none), such as the
+    /// import's `status.clusterSelectorResults` (KEP-5939): traffic goes to the first set
+    /// with a ready or serving endpoint, else to every cluster. It is not part of the
+    /// endpoint set: [`EndpointTable`] ignores it, a balancer applies it. A resolution
+    /// sends it before its first set, and only when there is one (or to lift it); a
+    /// consumer that subscribes again lifts the preference of the earlier resolution when
+    /// the new one's first set comes without one.
+    ClusterPreference(Option<ClusterPreference>),
 }
 
 /// What to resolve: a service and the service port a caller asked for.
@@ -183,6 +192,8 @@ impl EndpointTable {
                 self.exists = Some(false);
                 return changed || before_exists != Some(false);
             }
+            // Not part of the set.
+            Update::ClusterPreference(_) => return false,
         };
         self.exists = Some(true);
         changed || before_exists != Some(true)

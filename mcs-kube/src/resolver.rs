@@ -10,6 +10,12 @@
 //! slices carry the requested port are included: traffic for a port goes only to clusters
 //! that expose it.
 //!
+//! When the import has `status.clusterSelectorResults` (KEP-5939, cluster selection; the
+//! agent evaluates them for this cluster), the resolver also sends them as an
+//! [`Update::ClusterPreference`] before the set, and again whenever they change: `mcs-client`'s balancer then sends each request to the first result's
+//! clusters that have a ready or serving endpoint, else to every cluster. See
+//! [`cluster_preference`].
+//!
 //! [`SnapshotResolver`] answers the same way (through the same [`endpoints`]) from imports
 //! and slices held in memory and replaced through a channel.
 //!
@@ -32,8 +38,10 @@ use futures::{StreamExt, stream};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::Api;
 use kube::runtime::watcher::{self, Event};
+use mcs_core::ClusterId;
 use mcs_core::api::{LABEL_SERVICE_NAME, v1beta1::ServiceImport};
 use mcs_core::discovery::{Endpoint, Resolution, Resolve, ResolveError, Target, Update};
+use mcs_core::endpoints::ClusterPreference;
 use mcs_core::slices::McsSlice;
 use tokio::sync::{mpsc, watch};
 
@@ -101,7 +109,7 @@ async fn watch_target(
     let mut state = TargetState::default();
     let mut listing_import: Option<ServiceImport> = None;
     let mut listing_slices: BTreeMap<String, EndpointSlice> = BTreeMap::new();
-    let mut last_sent: Option<Update> = None;
+    let mut last_sent = Sent::default();
     while let Some(batch) = changes.next().await {
         for change in batch {
             match change {
@@ -140,14 +148,42 @@ async fn watch_target(
         let Some(update) = state.update(&target) else {
             continue;
         };
-        if last_sent.as_ref() == Some(&update) {
-            continue;
-        }
-        if tx.send(Ok(update.clone())).await.is_err() {
+        let preference = cluster_preference(state.import.as_ref().and_then(Option::as_ref));
+        if send_changes(&tx, &mut last_sent, preference, update)
+            .await
+            .is_err()
+        {
             return; // The resolution was dropped.
         }
-        last_sent = Some(update);
     }
+}
+
+/// What a resolution last sent: the preference (none at first: a resolution of a service
+/// without selectors never sends one), and the set.
+#[derive(Default)]
+struct Sent {
+    preference: Option<ClusterPreference>,
+    set: Option<Update>,
+}
+
+/// Sends the preference, then the set, each only when it differs from the last one sent.
+async fn send_changes(
+    tx: &mpsc::Sender<Result<Update, ResolveError>>,
+    sent: &mut Sent,
+    preference: Option<ClusterPreference>,
+    update: Update,
+) -> Result<(), ()> {
+    if sent.preference != preference {
+        tx.send(Ok(Update::ClusterPreference(preference.clone())))
+            .await
+            .map_err(drop)?;
+        sent.preference = preference;
+    }
+    if sent.set.as_ref() != Some(&update) {
+        tx.send(Ok(update.clone())).await.map_err(drop)?;
+        sent.set = Some(update);
+    }
+    Ok(())
 }
 
 fn import_change(event: Result<Event<ServiceImport>, watcher::Error>) -> Vec<Change> {
@@ -267,6 +303,39 @@ pub fn endpoints<'a>(
     Update::Reset(list)
 }
 
+/// This cluster's preference among the source clusters of a service (KEP-5939), from its
+/// ServiceImport: the import's `status.clusterSelectorResults` in order, which the agent
+/// evaluates for the cluster it runs in (and removes when the import has no selectors).
+/// As the KEP asks, the results are used as they are, never matched against
+/// `spec.clusterSelectors` (the two may be out of step for a moment).
+///
+/// `None` (every cluster, as without selectors) when there is no import, no results or an
+/// empty list (the agent has not evaluated them, or runs without cluster selection), or
+/// when the results cannot be a preference (more than [`ClusterPreference::MAX_SETS`]). A
+/// cluster id that is not a valid one is skipped, and a result that names no cluster is
+/// kept (it is never chosen).
+pub fn cluster_preference(import: Option<&ServiceImport>) -> Option<ClusterPreference> {
+    let import = import?;
+    let results = import.status.as_ref()?.cluster_selector_results.as_ref()?;
+    if results.is_empty() {
+        return None;
+    }
+    let sets = results.iter().map(|result| {
+        result
+            .clusters
+            .iter()
+            .filter_map(|c| ClusterId::new(c.as_str()).ok())
+            .collect::<Vec<_>>()
+    });
+    match ClusterPreference::new(sets) {
+        Ok(preference) => Some(preference),
+        Err(e) => {
+            tracing::debug!(import = ?import.metadata.name, error = %e, "clusterSelectorResults ignored");
+            None
+        }
+    }
+}
+
 /// One cluster's ServiceImports and MCS EndpointSlices, held in memory: what a
 /// [`SnapshotResolver`] resolves from.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -317,22 +386,25 @@ impl Resolve for SnapshotResolver {
         let mut objects = self.objects.clone();
         let target = target.clone();
         tokio::spawn(async move {
-            let mut last_sent: Option<Update> = None;
+            let mut last_sent = Sent::default();
             loop {
-                let update = {
+                let (preference, update) = {
                     let objects = objects.borrow_and_update();
                     let import = objects.imports.iter().find(|i| {
                         i.metadata.name.as_deref() == Some(target.service.name.as_str())
                             && i.metadata.namespace.as_deref()
                                 == Some(target.service.namespace.as_str())
                     });
-                    endpoints(&target, import, &objects.slices)
+                    (
+                        cluster_preference(import),
+                        endpoints(&target, import, &objects.slices),
+                    )
                 };
-                if last_sent.as_ref() != Some(&update) {
-                    if tx.send(Ok(update.clone())).await.is_err() {
-                        return; // The resolution was dropped.
-                    }
-                    last_sent = Some(update);
+                if send_changes(&tx, &mut last_sent, preference, update)
+                    .await
+                    .is_err()
+                {
+                    return; // The resolution was dropped.
                 }
                 if objects.changed().await.is_err() {
                     return; // The sender is gone: keep the last set.
@@ -524,5 +596,95 @@ mod tests {
             updates.next().await.is_none(),
             "ends when the objects' sender is gone"
         );
+    }
+
+    /// An import whose spec has one selector and whose status has `results`.
+    fn selected(results: Option<&[&[&str]]>) -> ServiceImport {
+        use mcs_core::api::{ClusterSelector, ClusterSelectorResult, ServiceImportStatus};
+        let mut i = import(&[("grpc", 9443)]);
+        i.spec.cluster_selectors = Some(vec![ClusterSelector::default()]);
+        i.status = Some(ServiceImportStatus {
+            cluster_selector_results: results.map(|sets| {
+                sets.iter()
+                    .map(|set| ClusterSelectorResult {
+                        clusters: set.iter().map(|c| (*c).to_owned()).collect(),
+                    })
+                    .collect()
+            }),
+            ..ServiceImportStatus::default()
+        });
+        i
+    }
+
+    fn preference(sets: &[&[&str]]) -> ClusterPreference {
+        ClusterPreference::new(
+            sets.iter()
+                .map(|set| set.iter().map(|c| ClusterId::new(*c).unwrap())),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn the_preference_is_the_imports_results() {
+        assert_eq!(cluster_preference(None), None);
+        assert_eq!(cluster_preference(Some(&import(&[("grpc", 9443)]))), None);
+        assert_eq!(
+            cluster_preference(Some(&selected(None))),
+            None,
+            "not evaluated yet"
+        );
+        assert_eq!(cluster_preference(Some(&selected(Some(&[])))), None);
+        assert_eq!(
+            cluster_preference(Some(&selected(Some(&[
+                &["west"],
+                &[],
+                &["east", "Not_A_Cluster"]
+            ])))),
+            Some(preference(&[&["west"], &[], &["east"]])),
+            "in order; an empty result kept, an invalid id skipped"
+        );
+        // The results count, whatever the spec says at the moment (the KEP: consumers use
+        // the results directly).
+        let mut lagging = selected(Some(&[&["west"]]));
+        lagging.spec.cluster_selectors = None;
+        assert_eq!(
+            cluster_preference(Some(&lagging)),
+            Some(preference(&[&["west"]]))
+        );
+        let too_many: Vec<&[&str]> = vec![&["west"]; ClusterPreference::MAX_SETS + 1];
+        assert_eq!(cluster_preference(Some(&selected(Some(&too_many)))), None);
+    }
+
+    #[tokio::test]
+    async fn the_snapshot_resolver_sends_the_preference_before_the_set_and_on_change() {
+        let east = slice("e", "east", &[("10.10.0.1", true)], &[("grpc", 9443)]);
+        let mut objects = ImportedObjects {
+            imports: vec![selected(Some(&[&["west"], &["east"]]))],
+            slices: vec![east],
+        };
+        let (tx, rx) = watch::channel(objects.clone());
+        let mut updates = SnapshotResolver::new(rx).resolve(&target(9443));
+        assert_eq!(
+            updates.next().await.unwrap().unwrap(),
+            Update::ClusterPreference(Some(preference(&[&["west"], &["east"]])))
+        );
+        assert_eq!(addrs(&updates.next().await.unwrap().unwrap()).len(), 1);
+        // New results: the preference alone (the set did not change).
+        objects.imports = vec![selected(Some(&[&["east"]]))];
+        tx.send_replace(objects.clone());
+        assert_eq!(
+            updates.next().await.unwrap().unwrap(),
+            Update::ClusterPreference(Some(preference(&[&["east"]])))
+        );
+        // The results go (the agent removes them with the selectors): the preference is
+        // lifted.
+        objects.imports = vec![import(&[("grpc", 9443)])];
+        tx.send_replace(objects);
+        assert_eq!(
+            updates.next().await.unwrap().unwrap(),
+            Update::ClusterPreference(None)
+        );
+        drop(tx);
+        assert!(updates.next().await.is_none());
     }
 }

@@ -254,6 +254,189 @@ async fn resolves_merges_and_follows_readiness() {
     }
 }
 
+/// Feeds `balancer` every update of `stream` until `done` holds for it; panics if the
+/// stream goes quiet for 20 s first.
+async fn feed_until(
+    stream: &mut mcs_core::discovery::Resolution,
+    balancer: &Balancer,
+    what: &str,
+    mut done: impl FnMut(&Balancer) -> bool,
+) {
+    while !done(balancer) {
+        match tokio::time::timeout(Duration::from_secs(20), stream.next()).await {
+            Err(_) => panic!("no update within 20 s while waiting for {what}"),
+            Ok(Some(Ok(update))) => {
+                balancer.apply(update);
+            }
+            Ok(Some(Err(e))) => eprintln!("transient: {e}"),
+            Ok(None) => panic!("resolution ended while waiting for {what}"),
+        }
+    }
+}
+
+/// The clusters of 200 picks.
+fn picked_clusters(balancer: &Balancer) -> std::collections::BTreeSet<String> {
+    (0..200u64)
+        .map(|r| {
+            let picked = balancer
+                .pick(PickContext::new(
+                    r.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                    Instant::now(),
+                ))
+                .unwrap();
+            picked.endpoint().cluster.as_str().to_owned()
+        })
+        .collect()
+}
+
+/// KEP-5939's results reach the caller: with the CRDs that carry cluster selection, the
+/// import's `status.clusterSelectorResults` (which the agent writes for this cluster; here
+/// the test does) arrive as the balancer's cluster preference, before the set and on every
+/// change, and the preference is lifted when the results go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follows_the_imports_cluster_selector_results() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use mcs_core::endpoints::ClusterPreference;
+
+    let cluster = start_cluster("resolver-selection", ClusterOptions::api_only()).await;
+    let client = cluster.client().await;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in mcs_core::api::crd::all_with_cluster_selection() {
+        let name = crd.metadata.name.clone().unwrap();
+        crds.patch(
+            &name,
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("apply CRD {name}: {e}"));
+    }
+    support::create_namespace(&client, NS).await;
+    let imports: Api<ServiceImport> = Api::namespaced(client.clone(), NS);
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), NS);
+    let pp = PostParams::default();
+    for (name, cluster, addrs) in [
+        (
+            "east-1",
+            "east",
+            &[("10.10.0.1", true), ("10.10.0.2", true)][..],
+        ),
+        ("west-1", "west", &[("10.20.0.1", true)][..]),
+    ] {
+        slices
+            .create(&pp, &slice(name, cluster, "grpc", 8443, addrs))
+            .await
+            .unwrap();
+    }
+    let mut spec = ServiceImportSpec::new(ServiceImportType::ClusterSetIp);
+    spec.ports = vec![ServicePort {
+        name: Some("grpc".into()),
+        protocol: Some(Protocol::Tcp),
+        app_protocol: None,
+        port: 9443,
+    }];
+    spec.cluster_selectors = Some(
+        serde_json::from_str(
+            r#"[{"propertySelector": {"matchProperties": {"region": "@SameAsImporter@"}}},
+                {"propertySelector": {"matchExpressions": [{"key": "region", "operator": "Exists"}]}}]"#,
+        )
+        .unwrap(),
+    );
+    let mut import = ServiceImport::new("loyalty-accrual", spec);
+    import.metadata.namespace = Some(NS.into());
+    // The API server keeps the selectors only once the extended CRD is in force.
+    support::wait_for(
+        "the ServiceImport CRD keeping clusterSelectors",
+        Duration::from_secs(60),
+        || async {
+            let made = imports.create(&pp, &import).await.ok()?;
+            if made.spec.cluster_selectors.is_some() {
+                return Some(());
+            }
+            let _ = imports
+                .delete("loyalty-accrual", &DeleteParams::default())
+                .await;
+            None
+        },
+    )
+    .await;
+    let set_results = |results: serde_json::Value| {
+        let imports = imports.clone();
+        async move {
+            imports
+                .patch_status(
+                    "loyalty-accrual",
+                    &PatchParams::default(),
+                    &Patch::Merge(serde_json::json!({
+                        "status": { "clusterSelectorResults": results }
+                    })),
+                )
+                .await
+                .unwrap()
+        }
+    };
+    let patched = set_results(serde_json::json!([
+        { "clusters": ["west"] },
+        { "clusters": ["east", "west"] },
+    ]))
+    .await;
+    assert!(
+        patched
+            .status
+            .and_then(|s| s.cluster_selector_results)
+            .is_some(),
+        "the status keeps clusterSelectorResults"
+    );
+    let preference = |sets: &[&[&str]]| {
+        ClusterPreference::new(
+            sets.iter()
+                .map(|set| set.iter().map(|c| ClusterId::new(*c).unwrap())),
+        )
+        .unwrap()
+    };
+
+    let resolver = KubeResolver::new(client.clone());
+    let target = Target {
+        service: ServiceRef::new(NS, "loyalty-accrual").unwrap(),
+        port: 9443,
+    };
+    let mut stream = resolver.resolve(&target);
+    let balancer = Balancer::new(
+        Locality::cluster(ClusterId::new("north").unwrap()),
+        BalancerConfig::default(),
+        Instant::now(),
+    );
+    let west_first = preference(&[&["west"], &["east", "west"]]);
+    // The resolver sends the preference before the first set, which has all three
+    // endpoints (the slices were there before the resolution started).
+    feed_until(&mut stream, &balancer, "west first, and the set", |b| {
+        b.cluster_preference().as_ref() == Some(&west_first) && !b.snapshot().is_empty()
+    })
+    .await;
+    assert_eq!(picked_clusters(&balancer), ["west".to_owned()].into());
+
+    // New results: the preference follows.
+    set_results(serde_json::json!([{ "clusters": ["east"] }, { "clusters": ["west"] }])).await;
+    let east_first = preference(&[&["east"], &["west"]]);
+    feed_until(&mut stream, &balancer, "east first", |b| {
+        b.cluster_preference().as_ref() == Some(&east_first)
+    })
+    .await;
+    assert_eq!(picked_clusters(&balancer), ["east".to_owned()].into());
+
+    // The results go (the agent removes them when the import's selectors go): the
+    // preference is lifted, both clusters take traffic.
+    set_results(serde_json::Value::Null).await;
+    feed_until(&mut stream, &balancer, "no preference", |b| {
+        b.cluster_preference().is_none()
+    })
+    .await;
+    assert_eq!(
+        picked_clusters(&balancer),
+        ["east".to_owned(), "west".to_owned()].into()
+    );
+}
+
 /// The addresses of `pods` on `port`, sorted.
 fn pod_addrs(pods: &[k8s_openapi::api::core::v1::Pod], port: u16) -> Vec<String> {
     let mut addrs: Vec<String> = pods

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 
 use mcs_core::discovery::{Endpoint, Resolution, Resolve, ResolveError, Target, Update};
+use mcs_core::endpoints::ClusterPreference;
 
 use super::ReceiverStream;
 
@@ -37,6 +38,8 @@ pub struct StaticResolver {
 struct TargetState {
     /// `None`: never set; `Some(None)`: does not exist; `Some(Some(set))`: the set.
     current: Option<Option<BTreeMap<SocketAddr, Endpoint>>>,
+    /// The cluster preference, if one was set.
+    preference: Option<ClusterPreference>,
     subscribers: Vec<mpsc::UnboundedSender<Result<Update, ResolveError>>>,
 }
 
@@ -97,6 +100,15 @@ impl StaticResolver {
         });
     }
 
+    /// Sets the cluster preference of `target` (`None`: none), as a Kubernetes resolver
+    /// reports the import's `clusterSelectorResults` (KEP-5939).
+    pub fn prefer(&self, target: &Target, preference: Option<ClusterPreference>) {
+        self.with(target, |st| {
+            st.push(Ok(Update::ClusterPreference(preference.clone())));
+            st.preference = preference;
+        });
+    }
+
     /// Reports a transient error to the live resolutions of `target` (their consumers keep
     /// the last good set).
     pub fn fail(&self, target: &Target, message: &str) {
@@ -134,6 +146,10 @@ impl Resolve for StaticResolver {
     fn resolve(&self, target: &Target) -> Resolution {
         let (tx, rx) = mpsc::unbounded_channel();
         self.with(target, |st| {
+            if let Some(preference) = &st.preference {
+                // The receiver is alive: it is right here.
+                let _ = tx.send(Ok(Update::ClusterPreference(Some(preference.clone()))));
+            }
             let first = match &st.current {
                 None => None,
                 Some(None) => Some(Update::DoesNotExist),

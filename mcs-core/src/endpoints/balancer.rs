@@ -246,7 +246,9 @@ impl Balancer {
     }
 
     /// Applies several updates (for example everything a discovery stream has ready) and
-    /// publishes at most one snapshot. Returns whether anything changed.
+    /// publishes at most one snapshot. Returns whether anything changed. An
+    /// [`Update::ClusterPreference`] does what [`set_cluster_preference`](Self::set_cluster_preference)
+    /// does.
     pub fn apply_all(&self, updates: impl IntoIterator<Item = Update>) -> bool {
         let mut st = self.lock();
         let st = &mut *st;
@@ -255,7 +257,16 @@ impl Balancer {
         // so the snapshot can be rebuilt for just those; `None` after a `Reset` or
         // `DoesNotExist`, which rebuild it all.
         let mut touched: Option<Vec<Touched>> = Some(Vec::new());
+        let mut preferred = false;
         for update in updates {
+            if let Update::ClusterPreference(preference) = update {
+                if st.preference != preference {
+                    st.preference = preference;
+                    st.builder.invalidate();
+                    preferred = true;
+                }
+                continue;
+            }
             let before = |addr: &SocketAddr| (*addr, st.table.get_shared(addr).cloned());
             match (&update, touched.as_mut()) {
                 (Update::Add(list), Some(touched)) => {
@@ -265,11 +276,15 @@ impl Balancer {
                     touched.extend(addrs.iter().map(before));
                 }
                 (Update::Reset(_) | Update::DoesNotExist, _) => touched = None,
-                (_, None) => {}
+                _ => {}
             }
             changed |= st.table.apply(update);
         }
-        if changed {
+        if preferred {
+            // A new preference rebuilds the whole snapshot, once there is a set.
+            touched = None;
+        }
+        if changed || (preferred && st.table.exists().is_some()) {
             if let Some(touched) = touched.as_mut() {
                 // The first entry of each address is its state before this call.
                 touched.sort_by_key(|&(addr, _)| addr);
@@ -277,7 +292,7 @@ impl Balancer {
             }
             self.publish(st, touched.as_deref());
         }
-        changed
+        changed || preferred
     }
 
     /// Changes which clusters' endpoints are eligible (`None`: all), for example when the
@@ -762,6 +777,60 @@ mod tests {
             "west",
             "east ejected, spill to west"
         );
+    }
+
+    #[test]
+    fn a_cluster_preference_update_applies_before_and_after_the_set() {
+        let t0 = Instant::now();
+        let b = Balancer::new(
+            Locality::cluster(ClusterId::new("north").unwrap()),
+            BalancerConfig::default(),
+            t0,
+        );
+        let clusters = |b: &Balancer| {
+            (0..64)
+                .map(|r| b.pick(PickContext::new(mix64(r), t0)).unwrap())
+                .map(|p| p.endpoint().cluster.as_str().to_owned())
+                .collect::<BTreeSet<_>>()
+        };
+        let west_first = ClusterPreference::new([
+            vec![ClusterId::new("west").unwrap()],
+            vec![ClusterId::new("east").unwrap()],
+        ])
+        .unwrap();
+        // Before any set: kept, nothing to pick yet.
+        assert!(b.apply(Update::ClusterPreference(Some(west_first.clone()))));
+        assert!(!b.apply(Update::ClusterPreference(Some(west_first.clone()))));
+        assert_eq!(
+            b.pick(PickContext::new(1, t0)).unwrap_err(),
+            PickError::NotResolved
+        );
+        b.apply(Update::Reset(vec![
+            ep(1, "east"),
+            ep(2, "west"),
+            ep(3, "west"),
+        ]));
+        assert_eq!(b.cluster_preference(), Some(west_first));
+        assert_eq!(clusters(&b), BTreeSet::from(["west".to_owned()]));
+        // West loses its endpoints: the next set takes over.
+        b.apply(Update::Remove(vec![ep(2, "west").addr, ep(3, "west").addr]));
+        assert_eq!(clusters(&b), BTreeSet::from(["east".to_owned()]));
+        b.apply(Update::Add(vec![ep(2, "west")]));
+        assert_eq!(clusters(&b), BTreeSet::from(["west".to_owned()]));
+        // No preference: every cluster, in one update with a set change.
+        assert!(b.apply_all([
+            Update::ClusterPreference(None),
+            Update::Add(vec![ep(3, "west")]),
+        ]));
+        assert_eq!(b.cluster_preference(), None);
+        assert_eq!(
+            clusters(&b),
+            BTreeSet::from(["east".to_owned(), "west".to_owned()])
+        );
+        // The table of the set never holds the preference.
+        let mut table = EndpointTable::new();
+        assert!(!table.apply(Update::ClusterPreference(None)));
+        assert_eq!(table.exists(), None);
     }
 
     #[test]

@@ -38,6 +38,8 @@ pub(crate) fn model(updates: &[Update]) -> (BTreeMap<SocketAddr, Endpoint>, Opti
                 }
             }
             Update::Reset(_) | Update::DoesNotExist => unreachable!(),
+            // Not part of the set.
+            Update::ClusterPreference(_) => continue,
         }
         exists = Some(true);
     }
