@@ -125,8 +125,10 @@ async fn wait_results(set: &ClusterSet, i: usize, name: &str, want: &[&[&str]]) 
         "{}'s import of {name} with clusterSelectorResults {want:?}",
         set.ids[i]
     );
+    // The status says which spec it is for (KEP-5939's observedGeneration).
     let si = wait_import(set.client(i), NS, name, &what, |si| {
         results(si).as_ref() == Some(&want)
+            && si.status.as_ref().and_then(|s| s.observed_generation) == si.metadata.generation
     })
     .await;
     assert_eq!(
@@ -136,7 +138,8 @@ async fn wait_results(set: &ClusterSet, i: usize, name: &str, want: &[&[&str]]) 
     );
 }
 
-/// Story 1 on four clusters, then changes of properties, a conflict and a headless export.
+/// Story 1 on four clusters, then changes of properties, selectors removed, a conflict and
+/// a headless export.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn story_one_results_per_importer_follow_property_changes_conflicts_and_headless() {
     let names = ["east", "west", "north", "south"];
@@ -227,6 +230,41 @@ async fn story_one_results_per_importer_follow_property_changes_conflicts_and_he
         &[&["south"], &["south"], &["east", "south", "west"]],
     )
     .await;
+
+    // The exports drop their selectors: the import's go, and so do its results (a
+    // consumer reads the results as they are, so stale ones would keep steering it).
+    for i in [east, west, south] {
+        let exports: Api<ServiceExport> = Api::namespaced(set.client(i).clone(), NS);
+        exports
+            .patch(
+                "checkout",
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({ "spec": { "clusterSelectors": null } })),
+            )
+            .await
+            .expect("remove the export's selectors");
+    }
+    for i in [north, east] {
+        wait_import(
+            set.client(i),
+            NS,
+            "checkout",
+            &format!(
+                "{}'s import of checkout without selectors or results",
+                set.ids[i]
+            ),
+            |si| {
+                si.spec.cluster_selectors.is_none()
+                    && results(si).is_none()
+                    && si
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.observed_generation)
+                        .is_none()
+            },
+        )
+        .await;
+    }
 
     // Conflicting lists: east's (the oldest) wins, every export says so.
     create_service(set.client(east), NS, &hello_service("ledger")).await;

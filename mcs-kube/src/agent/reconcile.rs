@@ -106,6 +106,13 @@ pub(crate) struct Plan {
     pub derived_ports: Option<Vec<ServicePort>>,
     /// The status to write on the ServiceImport (after it exists), when it changes.
     pub import_status: Option<ServiceImportStatus>,
+    /// The import has cluster selectors (KEP-5939): the status written carries
+    /// `observedGeneration`, the import's generation after this plan's writes to its spec.
+    pub observe_generation: bool,
+    /// The status written removes `clusterSelectorResults` and `observedGeneration` (the
+    /// import has no selectors any more): a merge patch leaves out a field that is `None`,
+    /// which keeps it.
+    pub clear_selection_status: bool,
     /// Imported slices to apply.
     pub apply_slices: Vec<EndpointSlice>,
     /// Imported slices to delete (names).
@@ -295,19 +302,38 @@ pub(crate) fn plan_at(inputs: &ServiceInputs<'_>, wall: &Time) -> Plan {
         .unwrap_or_default();
     let mut conditions = have.conditions.clone().unwrap_or_default();
     let changed_condition = upsert(&mut conditions, &ready, None, wall);
+    // With cluster selectors, `observedGeneration` says which spec the results are for:
+    // the generation read, or (when this plan writes the spec) the one the write makes,
+    // which the writer fills in.
+    let selecting = merged
+        .spec
+        .cluster_selectors
+        .as_ref()
+        .is_some_and(|s| !s.is_empty());
+    let observed_generation = inputs
+        .observed
+        .import
+        .and_then(|i| i.metadata.generation)
+        .filter(|_| selecting);
     let status = ServiceImportStatus {
         clusters: merged.status().clusters,
         conditions: Some(conditions),
         endpoint_slice_objects: Some(eso),
         cluster_selector_results: selector_results(inputs, merged, &have),
-        ..ServiceImportStatus::default()
+        observed_generation,
     };
+    let clear_selection_status = !selecting
+        && (have.cluster_selector_results.is_some() || have.observed_generation.is_some());
     if changed_condition
         || have.clusters != status.clusters
         || have.endpoint_slice_objects != status.endpoint_slice_objects
         || have.cluster_selector_results != status.cluster_selector_results
-        || plan.import.is_some() && inputs.observed.import.is_none()
+        || have.observed_generation != status.observed_generation
+        || clear_selection_status
+        || plan.import.is_some() && (inputs.observed.import.is_none() || selecting)
     {
+        plan.observe_generation = selecting;
+        plan.clear_selection_status = clear_selection_status;
         plan.import_status = Some(status);
     }
     plan
@@ -700,7 +726,8 @@ mod tests {
 
     /// With the members' properties known, the import's status holds this cluster's
     /// results, in selector order; without them (this cluster's, or one source
-    /// cluster's), the results already there stay; an import without selectors has none.
+    /// cluster's), the results already there stay; the status says which generation it
+    /// saw; an import without selectors has neither, and loses those it had.
     #[test]
     fn the_import_status_holds_this_clusters_selector_results() {
         let members: BTreeMap<ClusterId, Properties> = BTreeMap::from([
@@ -728,6 +755,7 @@ mod tests {
 
         // Properties not known: what the import has stays.
         let mut have = plan(&with).import.unwrap();
+        have.metadata.generation = Some(3);
         have.status = Some(ServiceImportStatus {
             cluster_selector_results: Some(vec![ClusterSelectorResult {
                 clusters: vec!["west".into()],
@@ -742,11 +770,15 @@ mod tests {
             },
         );
         // (`have` has no Ready condition yet, so the status is written.)
-        let kept = plan(&unknown).import_status.expect("the status is written");
+        let kept = plan(&unknown);
+        assert!(kept.import.is_none(), "the spec is as wanted");
+        assert!(kept.observe_generation);
+        let kept = kept.import_status.expect("the status is written");
         assert_eq!(
             kept.cluster_selector_results,
             have.status.as_ref().unwrap().cluster_selector_results
         );
+        assert_eq!(kept.observed_generation, Some(3), "the generation read");
         // West's properties not known: the same.
         let mut west_unknown = inputs(
             outcome_with_selectors(),
@@ -774,6 +806,25 @@ mod tests {
         // No selectors: no results.
         let none = plan(&inputs(outcome(), Observed::default()));
         assert_eq!(none.import_status.unwrap().cluster_selector_results, None);
+        assert!(!none.clear_selection_status, "nothing to remove");
+        assert!(!none.observe_generation);
+
+        // The selectors go: the results written before are removed.
+        let gone = plan(&inputs(
+            outcome(),
+            Observed {
+                import: Some(&have),
+                ..Default::default()
+            },
+        ));
+        assert_eq!(
+            gone.import_status
+                .expect("the status changes")
+                .cluster_selector_results,
+            None
+        );
+        assert!(gone.clear_selection_status);
+        assert!(!gone.observe_generation);
     }
 
     /// A ClusterSetIP import whose derived Service the agent's cache does not hold (a

@@ -123,12 +123,15 @@ impl Writer {
 
         let mut import_uid = None;
         let mut applied_import = None;
+        // The import's generation after this plan's writes to its spec, if it made any.
+        let mut generation = None;
         if let Some(import) = &plan.import {
             let applied = imports
                 .patch(name, &self.apply, &Patch::Apply(import))
                 .await
                 .map_err(err("apply ServiceImport", format!("{ns}/{name}")))?;
             import_uid = applied.metadata.uid.clone();
+            generation = applied.metadata.generation;
             applied_import = Some(applied);
         }
         if let Some(ports) = &plan.derived_ports {
@@ -176,10 +179,11 @@ impl Writer {
                         spec: want.spec,
                         status: None,
                     };
-                    imports
+                    let applied = imports
                         .patch(name, &self.apply, &Patch::Apply(&clean))
                         .await
                         .map_err(err("apply ServiceImport IPs", format!("{ns}/{name}")))?;
+                    generation = applied.metadata.generation;
                 }
             }
         }
@@ -207,7 +211,16 @@ impl Writer {
                 .map_err(err("delete ServiceImport", format!("{ns}/{name}")))?;
         }
         if let Some(status) = &plan.import_status {
-            let patch = json!({ "status": status });
+            let mut patch = json!({ "status": status });
+            if plan.observe_generation
+                && let Some(generation) = generation.or(status.observed_generation)
+            {
+                patch["status"]["observedGeneration"] = json!(generation);
+            }
+            if plan.clear_selection_status {
+                patch["status"]["clusterSelectorResults"] = serde_json::Value::Null;
+                patch["status"]["observedGeneration"] = serde_json::Value::Null;
+            }
             match imports
                 .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
