@@ -138,15 +138,7 @@ async fn tonic_client_is_balanced_per_request_over_http2() {
         tasks.spawn(async move {
             let mut seen = Vec::new();
             for _ in 0..50 {
-                grpc.ready().await.expect("ready");
-                let response = grpc
-                    .unary(
-                        tonic::Request::new(b"order-1".to_vec()),
-                        PathAndQuery::from_static("/loyalty.Accrual/Accrue"),
-                        RawCodec,
-                    )
-                    .await
-                    .expect("grpc call");
+                let response = call(&mut grpc).await.expect("grpc call");
                 let served = response
                     .extensions()
                     .get::<Served>()
@@ -190,6 +182,25 @@ async fn tonic_client_is_balanced_per_request_over_http2() {
     }
 }
 
+/// One `Accrue` call, as tonic answers it.
+async fn call<T>(grpc: &mut tonic::client::Grpc<T>) -> Result<tonic::Response<Vec<u8>>, Status>
+where
+    T: tonic::client::GrpcService<Body>,
+    T::Error: Into<tower::BoxError>,
+    T::ResponseBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    <T::ResponseBody as http_body::Body>::Error: Into<tower::BoxError>,
+{
+    grpc.ready()
+        .await
+        .map_err(|e| Status::unknown(e.into().to_string()))?;
+    grpc.unary(
+        tonic::Request::new(b"order-1".to_vec()),
+        PathAndQuery::from_static("/loyalty.Accrual/Accrue"),
+        RawCodec,
+    )
+    .await
+}
+
 /// One `Accrue` call; the answer's `(cluster, addr, authority, rest)`.
 async fn accrue<T>(
     grpc: &mut tonic::client::Grpc<T>,
@@ -200,16 +211,7 @@ where
     T::ResponseBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,
     <T::ResponseBody as http_body::Body>::Error: Into<tower::BoxError>,
 {
-    grpc.ready()
-        .await
-        .map_err(|e| Status::unknown(e.into().to_string()))?;
-    let response = grpc
-        .unary(
-            tonic::Request::new(b"order-1".to_vec()),
-            PathAndQuery::from_static("/loyalty.Accrual/Accrue"),
-            RawCodec,
-        )
-        .await?;
+    let response = call(grpc).await?;
     let text = String::from_utf8(response.into_inner()).unwrap();
     let mut parts = text.splitn(4, ' ');
     let mut next = || parts.next().unwrap_or_default().to_owned();
@@ -364,23 +366,17 @@ async fn a_retry_leaves_a_remote_cluster_that_refuses_for_another() {
     resolver.set(&target(PORT), endpoints);
     let origin = mcs_client::grpc::origin(&target(PORT), false);
     let mut attempts = std::collections::BTreeMap::<u32, usize>::new();
-    for call in 0..40 {
+    for n in 0..40 {
         let channel = mcs_client::grpc::channel(
             ejecting_half(resolver.clone(), "north"),
             mcs_client::connect::Tcp::new(),
         );
         let mut grpc = tonic::client::Grpc::with_origin(channel, origin.clone());
-        grpc.ready().await.expect("the channel is ready");
-        let response = grpc
-            .unary(
-                tonic::Request::new(b"order-1".to_vec()),
-                PathAndQuery::from_static("/loyalty.Accrual/Accrue"),
-                RawCodec,
-            )
+        let response = call(&mut grpc)
             .await
-            .unwrap_or_else(|e| panic!("call {call} failed: {e}"));
+            .unwrap_or_else(|e| panic!("call {n} failed: {e}"));
         let served = response.extensions().get::<Served>().cloned().unwrap();
-        assert_eq!(served.cluster().as_str(), "west", "call {call}");
+        assert_eq!(served.cluster().as_str(), "west", "call {n}");
         *attempts.entry(served.attempts()).or_default() += 1;
     }
     // The calls that went to east first were retried (3 in 4 of them, by chance).

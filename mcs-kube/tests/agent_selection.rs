@@ -13,7 +13,6 @@ use mcs_testkit::clusterset;
 use std::time::Duration;
 
 use clusterset::*;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use mcs_core::api::v1beta1::{ClusterProperty, ServiceExport, ServiceImport};
@@ -21,42 +20,6 @@ use mcs_core::api::{ClusterPropertySpec, ClusterSelector, ServiceExportSpec};
 
 const NS: &str = "selection";
 const CLUSTER: &str = "cluster.clusterset.k8s.io";
-
-/// Installs the CRDs with KEP-5939's fields and waits until the API server keeps them (a
-/// dry-run export with selectors comes back with them).
-async fn install_selection_crds(client: &Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in mcs_core::api::crd::all_with_cluster_selection() {
-        let name = crd.metadata.name.clone().unwrap();
-        crds.patch(
-            &name,
-            &PatchParams::apply("mcs-test-harness").force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("apply CRD {name}: {e}"));
-    }
-    let exports: Api<ServiceExport> = Api::namespaced(client.clone(), "default");
-    let probe = export_with("probe", Some(story_one()));
-    support::wait_for(
-        "the ServiceExport CRD keeping clusterSelectors",
-        Duration::from_secs(60),
-        || async {
-            let made = exports
-                .create(
-                    &PostParams {
-                        dry_run: true,
-                        ..Default::default()
-                    },
-                    &probe,
-                )
-                .await
-                .ok()?;
-            made.spec.cluster_selectors.is_some().then_some(())
-        },
-    )
-    .await;
-}
 
 fn selectors(json: &str) -> Vec<ClusterSelector> {
     serde_json::from_str(json).expect("selectors")
@@ -163,7 +126,7 @@ async fn story_one_results_per_importer_follow_property_changes_conflicts_and_he
     ];
     for (i, (region, continent)) in places.iter().enumerate() {
         let client = set.client(i);
-        install_selection_crds(client).await;
+        support::install_cluster_selection_crds(client).await;
         set_property(client, CLUSTER, set.ids[i].as_str()).await;
         set_property(client, "region", region).await;
         set_property(client, "continent", continent).await;

@@ -295,22 +295,11 @@ fn picked_clusters(balancer: &Balancer) -> std::collections::BTreeSet<String> {
 /// change, and the preference is lifted when the results go.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn follows_the_imports_cluster_selector_results() {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     use mcs_core::endpoints::ClusterPreference;
 
     let cluster = start_cluster("resolver-selection", ClusterOptions::api_only()).await;
     let client = cluster.client().await;
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in mcs_core::api::crd::all_with_cluster_selection() {
-        let name = crd.metadata.name.clone().unwrap();
-        crds.patch(
-            &name,
-            &PatchParams::apply("test").force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("apply CRD {name}: {e}"));
-    }
+    support::install_cluster_selection_crds(&client).await;
     support::create_namespace(&client, NS).await;
     let imports: Api<ServiceImport> = Api::namespaced(client.clone(), NS);
     let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), NS);
@@ -344,22 +333,7 @@ async fn follows_the_imports_cluster_selector_results() {
     );
     let mut import = ServiceImport::new("loyalty-accrual", spec);
     import.metadata.namespace = Some(NS.into());
-    // The API server keeps the selectors only once the extended CRD is in force.
-    support::wait_for(
-        "the ServiceImport CRD keeping clusterSelectors",
-        Duration::from_secs(60),
-        || async {
-            let made = imports.create(&pp, &import).await.ok()?;
-            if made.spec.cluster_selectors.is_some() {
-                return Some(());
-            }
-            let _ = imports
-                .delete("loyalty-accrual", &DeleteParams::default())
-                .await;
-            None
-        },
-    )
-    .await;
+    imports.create(&pp, &import).await.unwrap();
     let set_results = |results: serde_json::Value| {
         let imports = imports.clone();
         async move {

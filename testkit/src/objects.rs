@@ -234,6 +234,59 @@ pub async fn service_account_token(client: &Client, ns: &str, name: &str) -> Str
     response.status.expect("TokenRequest without status").token
 }
 
+/// Installs the CRDs with KEP-5939's cluster selection
+/// ([`all_with_cluster_selection`](mcs_core::api::crd::all_with_cluster_selection)) and
+/// waits until the API server keeps their new fields: a dry-run ServiceExport and
+/// ServiceImport with `clusterSelectors` come back with them (the server takes a moment to
+/// serve a changed CRD's schema, and drops the fields meanwhile).
+pub async fn install_cluster_selection_crds(client: &Client) {
+    use mcs_core::api::v1beta1::{ServiceExport, ServiceImport};
+    use mcs_core::api::{ServiceExportSpec, ServiceImportSpec, ServiceImportType};
+
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in mcs_core::api::crd::all_with_cluster_selection() {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        crds.patch(
+            &name,
+            &PatchParams::apply("mcs-test-harness").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("apply CRD {name}: {e}"));
+    }
+    let selectors: Vec<mcs_core::api::ClusterSelector> = serde_json::from_str(
+        r#"[{"propertySelector": {"matchProperties": {"region": "@SameAsImporter@"}}}]"#,
+    )
+    .expect("a selector");
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let exports: Api<ServiceExport> = Api::namespaced(client.clone(), "default");
+    let export = ServiceExport::new(
+        "probe",
+        ServiceExportSpec {
+            cluster_selectors: Some(selectors.clone()),
+            ..Default::default()
+        },
+    );
+    let imports: Api<ServiceImport> = Api::namespaced(client.clone(), "default");
+    let mut spec = ServiceImportSpec::new(ServiceImportType::ClusterSetIp);
+    spec.cluster_selectors = Some(selectors);
+    let import = ServiceImport::new("probe", spec);
+    wait_for(
+        "the ServiceExport and ServiceImport CRDs keeping clusterSelectors",
+        Duration::from_secs(60),
+        || async {
+            let export = exports.create(&dry_run, &export).await.ok()?;
+            let import = imports.create(&dry_run, &import).await.ok()?;
+            (export.spec.cluster_selectors.is_some() && import.spec.cluster_selectors.is_some())
+                .then_some(())
+        },
+    )
+    .await;
+}
+
 /// Every CRD in the workspace's `deploy/crds/*.yaml` (multi-document files allowed),
 /// found from this crate upwards. A missing directory or a file that does not parse panics.
 pub fn load_crds() -> Vec<CustomResourceDefinition> {
